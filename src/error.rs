@@ -1,0 +1,126 @@
+use std::fmt;
+
+/// What went wrong with a lock operation.
+///
+/// The three outcomes users must tell apart are separate variants: the lock is held
+/// elsewhere ([`NotObtained`](Error::NotObtained)), a lock we held is gone
+/// ([`LockLost`](Error::LockLost)), and Redis could not be asked
+/// ([`Redis`](Error::Redis) or [`Pool`](Error::Pool)).
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// Another owner holds at least one of the keys, and the retry policy or timeout ran out.
+    NotObtained,
+    /// The lock is no longer held: it expired, or someone deleted or overwrote a key.
+    LockLost,
+    /// The request was rejected before any round trip to Redis.
+    InvalidInput(String),
+    /// A key already holds another Redis type (a list, a hash, ...); it was left untouched.
+    WrongType {
+        /// The key that holds another type.
+        key: String,
+        /// The type Redis reports for it (`list`, `hash`, `set`, ...).
+        kind: String,
+    },
+    /// Redis answered with an error, or the connection failed or timed out.
+    Redis(redis::RedisError),
+    /// No connection could be checked out of the pool within its timeout.
+    Pool(r2d2::Error),
+    /// The OS random generator failed, so no token could be made.
+    Random(getrandom::Error),
+    /// The background refresher thread could not be started; the lock was released.
+    Refresher(std::io::Error),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::NotObtained => f.write_str(
+                "lock not obtained: another owner holds at least one of the keys \
+                 (retry later, or allow a longer timeout)",
+            ),
+            Error::LockLost => f.write_str(
+                "lock lost: the keys expired or were taken by another owner, \
+                 so the critical section may not have been exclusive (use a longer ttl or auto-refresh)",
+            ),
+            Error::InvalidInput(why) => write!(f, "invalid lock request: {why}"),
+            Error::WrongType { key, kind } => write!(
+                f,
+                "key {key:?} holds a Redis {kind}, not a lock, and was left untouched \
+                 (lock another key or delete it)"
+            ),
+            Error::Redis(_) => f.write_str(
+                "redis request failed (check that the server is up and reachable)",
+            ),
+            Error::Pool(_) => f.write_str(
+                "no redis connection available within the checkout timeout \
+                 (check that the server is up, or raise pool_size)",
+            ),
+            Error::Random(_) => f.write_str("the OS random generator failed to make a lock token"),
+            Error::Refresher(_) => f.write_str(
+                "could not start the refresher thread, so the lock was released \
+                 (lock with auto_refresh(false), or free some threads)",
+            ),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Redis(e) => Some(e),
+            Error::Pool(e) => Some(e),
+            Error::Random(e) => Some(e),
+            Error::Refresher(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<redis::RedisError> for Error {
+    fn from(e: redis::RedisError) -> Self {
+        Error::Redis(e)
+    }
+}
+
+impl From<r2d2::Error> for Error {
+    fn from(e: r2d2::Error) -> Self {
+        Error::Pool(e)
+    }
+}
+
+/// The crate's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_is_send_sync_static() {
+        fn assert<T: Send + Sync + 'static>() {}
+        assert::<Error>();
+    }
+
+    #[test]
+    fn not_obtained_lost_and_unavailable_read_differently() {
+        let io = std::io::Error::new(std::io::ErrorKind::TimedOut, "timed out");
+        let messages = [
+            Error::NotObtained.to_string(),
+            Error::LockLost.to_string(),
+            Error::Redis(io.into()).to_string(),
+        ];
+        assert!(messages[0].starts_with("lock not obtained"));
+        assert!(messages[1].starts_with("lock lost"));
+        assert!(messages[2].starts_with("redis request failed"));
+    }
+
+    #[test]
+    fn source_chains_the_redis_error() {
+        use std::error::Error as _;
+        let io = std::io::Error::new(std::io::ErrorKind::TimedOut, "timed out");
+        let err = Error::Redis(io.into());
+        assert!(err.source().is_some());
+        assert!(Error::NotObtained.source().is_none());
+    }
+}

@@ -1,0 +1,156 @@
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::held::Held;
+use crate::locker::Shared;
+use crate::options::checked_ttl;
+use crate::{Error, Result, scripts};
+
+/// A held lock on one or more keys, released when dropped.
+///
+/// Created by [`Locker::lock`](crate::Locker::lock) and its siblings. Dropping the guard
+/// runs the compare-and-delete script (best effort: errors are ignored, the wait is bounded
+/// by the pool's timeouts); [`release`](LockGuard::release) does the same and reports.
+/// The guard owns what it needs, so it may outlive the `Locker` it came from.
+///
+/// A guard cannot make Redis keep the lock: check [`is_lost`](LockGuard::is_lost) before
+/// acting on the protected resource, and see the crate docs for what is not guaranteed.
+#[must_use = "if unused the lock will immediately be released"]
+pub struct LockGuard {
+    shared: Arc<Shared>,
+    held: Arc<Held>,
+    auto_refresh: bool,
+    /// Set once released, so that `Drop` does nothing more.
+    released: bool,
+}
+
+impl LockGuard {
+    /// Wraps a freshly acquired lock; with `auto_refresh` the refresher takes it on. If
+    /// that fails, the lock is released again.
+    pub(crate) fn new(shared: Arc<Shared>, held: Held, auto_refresh: bool) -> Result<LockGuard> {
+        let guard = LockGuard {
+            shared,
+            held: Arc::new(held),
+            auto_refresh,
+            released: false,
+        };
+        if auto_refresh {
+            let held = Arc::clone(&guard.held);
+            guard.shared.refresher.add(held).map_err(Error::Refresher)?;
+        }
+        Ok(guard)
+    }
+
+    /// The locked keys, in the order given.
+    pub fn keys(&self) -> &[String] {
+        &self.held.keys
+    }
+
+    /// The owner token stored at the start of every key's value.
+    pub fn token(&self) -> &str {
+        self.held.token()
+    }
+
+    /// The metadata stored after the token (empty unless set in
+    /// [`LockOptions::metadata`](crate::LockOptions::metadata)).
+    pub fn metadata(&self) -> &str {
+        self.held.metadata()
+    }
+
+    /// The shortest remaining TTL of the keys, as the server sees it; `None` when the lock
+    /// is no longer held (the guard is then marked lost).
+    ///
+    /// # Errors
+    /// [`Error::Redis`] or [`Error::Pool`] when Redis cannot be asked.
+    pub fn ttl(&self) -> Result<Option<Duration>> {
+        let mut con = self.shared.pool.get()?;
+        let ttl = scripts::ttl(&mut con, &self.held.keys, &self.held.value)?;
+        if ttl.is_none() {
+            self.held.mark_lost();
+        }
+        Ok(ttl)
+    }
+
+    /// Sets the TTL of every key to `ttl` from now, if the lock is still held. With
+    /// auto-refresh on, later refreshes use this TTL too.
+    ///
+    /// # Errors
+    /// [`Error::LockLost`] when the lock is no longer held (nothing is changed then),
+    /// [`Error::InvalidInput`] for a TTL under 1 ms or over [`MAX_TTL`](crate::MAX_TTL),
+    /// [`Error::Redis`] or [`Error::Pool`] when Redis cannot be asked.
+    pub fn refresh(&self, ttl: Duration) -> Result<()> {
+        let ttl_ms = checked_ttl(ttl)?;
+        if self.held.is_lost() {
+            return Err(Error::LockLost);
+        }
+        let sent_at = Instant::now();
+        let mut con = self.shared.pool.get()?;
+        if !scripts::refresh(&mut con, &self.held.keys, &self.held.value, ttl_ms)? {
+            self.held.mark_lost();
+            return Err(Error::LockLost);
+        }
+        drop(con);
+        self.held.refreshed(sent_at, ttl_ms);
+        if self.auto_refresh {
+            self.shared.refresher.rescheduled(self.held.id);
+        }
+        Ok(())
+    }
+
+    /// `true` once the lock is known to be gone: the refresher or a call on this guard
+    /// found a key missing or overwritten, or the TTL ran out before a refresh succeeded
+    /// (by this process's clock). Never goes back to `false`. Sends nothing to Redis.
+    pub fn is_lost(&self) -> bool {
+        self.held.is_lost()
+    }
+
+    /// Deletes the keys if they still hold this guard's value.
+    ///
+    /// # Errors
+    /// [`Error::LockLost`] when the lock was no longer held, or was already known lost
+    /// (nothing is deleted then); [`Error::Redis`] or [`Error::Pool`] when Redis cannot be
+    /// asked (the keys then expire with their TTL).
+    pub fn release(mut self) -> Result<()> {
+        self.released = true;
+        let known_lost = self.held.is_lost();
+        let released = self.unlock()?;
+        if known_lost || !released {
+            return Err(Error::LockLost);
+        }
+        Ok(())
+    }
+
+    /// Stops refreshing and runs the compare-and-delete script; `false` when not held.
+    fn unlock(&self) -> Result<bool> {
+        if self.auto_refresh {
+            self.shared.refresher.remove(self.held.id);
+        }
+        let mut con = self.shared.pool.get()?;
+        Ok(scripts::release(
+            &mut con,
+            &self.held.keys,
+            &self.held.value,
+        )?)
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if !self.released {
+            // Best effort: a lock we cannot delete expires with its TTL.
+            let _ = self.unlock();
+        }
+    }
+}
+
+impl fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("keys", &self.held.keys)
+            .field("metadata", &self.held.metadata())
+            .field("auto_refresh", &self.auto_refresh)
+            .field("lost", &self.held.is_lost())
+            .finish_non_exhaustive()
+    }
+}

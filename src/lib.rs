@@ -1,0 +1,64 @@
+//! Distributed locks on Redis: blocking, multi-key and all-or-nothing, with RAII guards.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use redguard::{LockOptions, Locker, Retry};
+//!
+//! # fn main() -> Result<(), redguard::Error> {
+//! let locker = Locker::connect("redis://127.0.0.1/")?;
+//!
+//! // Both keys or neither; waits until held; refreshed in the background; released on drop.
+//! let guard = locker.lock(&["account:1", "account:2"])?;
+//! assert!(!guard.is_lost());
+//! drop(guard);
+//!
+//! // One attempt only.
+//! if let Some(_guard) = locker.try_lock(&["report"])? {
+//!     // ...
+//! }
+//!
+//! // Everything spelled out.
+//! let guard = locker.lock_with(&["job"], LockOptions::default()
+//!     .ttl(Duration::from_millis(500))
+//!     .timeout(Duration::from_secs(2))
+//!     .retry(Retry::linear(Duration::from_millis(50)))
+//!     .metadata("worker-7"))?;
+//! guard.release()?;
+//! # Ok(()) }
+//! ```
+//!
+//! # How it works
+//! Each key stores the owner's token (16 random bytes, hex) followed by optional metadata,
+//! with a TTL in milliseconds. Acquiring runs one Lua script that sets every key with
+//! MSETNX or none of them; refresh, release and TTL checks run scripts that act only when
+//! every key still holds exactly the guard's value. One background thread per [`Locker`]
+//! refreshes all of its auto-refreshed guards at about a third of their TTL, in one
+//! pipelined round trip per wake-up, and marks a guard lost when its lock is gone.
+//!
+//! # What this does not guarantee
+//! - A lock is a lease: after a pause longer than the TTL (GC, SIGSTOP, a slow network)
+//!   another owner may hold the keys while this one still believes it does.
+//!   [`LockGuard::is_lost`] tells you when that is known, not before. Use such locks for
+//!   efficiency (avoiding duplicate work), or make the protected resource check a fencing
+//!   token, for correctness.
+//! - One Redis server: if it loses data (restart without persistence, failover to a replica
+//!   that had not seen the write) a lock can be granted twice.
+//! - Expiry runs on the server's clock; this process counts the TTL from before it sent the
+//!   request, so it considers a lock lost no later than the server does.
+
+mod error;
+mod guard;
+mod held;
+mod locker;
+mod options;
+mod pool;
+mod refresher;
+mod retry;
+mod scripts;
+mod token;
+
+pub use error::{Error, Result};
+pub use guard::LockGuard;
+pub use locker::{Locker, LockerBuilder};
+pub use options::{LockOptions, MAX_KEYS, MAX_TTL};
+pub use retry::{Delays, Retry};

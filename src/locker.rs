@@ -1,0 +1,324 @@
+use std::fmt;
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redis::{Client, IntoConnectionInfo};
+
+use crate::held::{Held, Timing};
+use crate::options::{checked_keys, checked_token, checked_ttl};
+use crate::pool::{Bounds, Pool};
+use crate::refresher::Refresher;
+use crate::scripts::{self, Acquired};
+use crate::token::random_token;
+use crate::{Error, LockGuard, LockOptions, Result, Retry};
+
+/// Takes locks on Redis keys. A cheap `Clone` (an `Arc` inside), `Send + Sync`.
+///
+/// ```no_run
+/// # fn main() -> Result<(), redguard::Error> {
+/// let locker = redguard::Locker::connect("redis://127.0.0.1/")?;
+/// let guard = locker.lock(&["invoice:7"])?; // waits until held
+/// // ... the critical section ...
+/// guard.release()?; // or let it drop
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Locker {
+    shared: Arc<Shared>,
+}
+
+/// What a locker and its guards share; gone (refresher thread joined) with the last of them.
+pub(crate) struct Shared {
+    pub(crate) pool: Pool,
+    pub(crate) default_ttl: Duration,
+    pub(crate) refresher: Refresher,
+}
+
+impl Locker {
+    /// A locker on its own connection pool, with the defaults of [`LockerBuilder`]. Short
+    /// for `Locker::builder().build(url)`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for a malformed URL, [`Error::Pool`] when the server cannot
+    /// be reached within the checkout timeout.
+    pub fn connect<T: IntoConnectionInfo>(url: T) -> Result<Locker> {
+        Locker::builder().build(url)
+    }
+
+    /// Settings for a new locker.
+    pub fn builder() -> LockerBuilder {
+        LockerBuilder::default()
+    }
+
+    /// A locker on a pool you built, with the defaults of [`LockerBuilder`]; see
+    /// [`LockerBuilder::build_with_pool`].
+    pub fn from_pool(pool: r2d2::Pool<Client>) -> Locker {
+        // The defaults pass `check`, so this is `build_with_pool` without its `Result`.
+        let builder = LockerBuilder::default();
+        let io = builder.bounds.io;
+        builder.locker(Pool::Given { pool, io })
+    }
+
+    /// Locks every key, or none, waiting as long as it takes (like `Mutex::lock`): default
+    /// TTL, auto-refresh on, exponential backoff with jitter, no deadline.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for an empty key list, an empty or repeated key;
+    /// [`Error::WrongType`] when a key holds another Redis type; [`Error::Redis`] or
+    /// [`Error::Pool`] when Redis cannot be asked (returned at once, not retried).
+    pub fn lock<K: AsRef<str>>(&self, keys: &[K]) -> Result<LockGuard> {
+        self.lock_with(keys, LockOptions::default())
+    }
+
+    /// One attempt to lock every key: `Ok(None)` when another owner holds one of them.
+    ///
+    /// # Errors
+    /// As [`lock`](Self::lock).
+    pub fn try_lock<K: AsRef<str>>(&self, keys: &[K]) -> Result<Option<LockGuard>> {
+        match self.lock_with(keys, LockOptions::default().retry(Retry::none())) {
+            Ok(guard) => Ok(Some(guard)),
+            Err(Error::NotObtained) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Locks every key, or none, as `options` say.
+    ///
+    /// Each attempt is one round trip. While another owner holds a key, it waits as the
+    /// retry policy says, never past the timeout; a Redis error ends it at once.
+    ///
+    /// # Errors
+    /// [`Error::NotObtained`] when the retries or the timeout ran out;
+    /// [`Error::InvalidInput`] for bad keys, TTL or token (before any round trip); otherwise
+    /// as [`lock`](Self::lock).
+    pub fn lock_with<K: AsRef<str>>(&self, keys: &[K], options: LockOptions) -> Result<LockGuard> {
+        let started = Instant::now();
+        let keys = checked_keys(keys)?;
+        let ttl_ms = checked_ttl(options.ttl.unwrap_or(self.shared.default_ttl))?;
+        let token = match options.token {
+            Some(token) => {
+                checked_token(&token)?;
+                token
+            }
+            None => random_token()?,
+        };
+        let token_len = token.len();
+        let value = token + &options.metadata;
+        // A timeout too long for the clock is no deadline at all.
+        let deadline = options.timeout.and_then(|t| started.checked_add(t));
+        let mut delays = options.retry.delays();
+
+        loop {
+            let sent_at = Instant::now();
+            let outcome = {
+                let mut con = self.shared.pool.get()?;
+                scripts::acquire(&mut con, &keys, &value, token_len, ttl_ms)?
+            };
+            match outcome {
+                Acquired::Yes => {
+                    let held = Held::new(
+                        keys,
+                        value,
+                        token_len,
+                        Timing {
+                            ttl_ms,
+                            set_at: sent_at,
+                        },
+                    );
+                    return LockGuard::new(Arc::clone(&self.shared), held, options.auto_refresh);
+                }
+                Acquired::WrongType { key, kind } => return Err(Error::WrongType { key, kind }),
+                Acquired::HeldElsewhere => {}
+            }
+            let Some(mut delay) = delays.next() else {
+                return Err(Error::NotObtained);
+            };
+            if let Some(deadline) = deadline {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(Error::NotObtained);
+                }
+                // One last attempt at the deadline itself.
+                delay = delay.min(left);
+            }
+            thread::sleep(delay);
+        }
+    }
+}
+
+impl fmt::Debug for Locker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Locker")
+            .field("default_ttl", &self.shared.default_ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Settings for a [`Locker`]; every setter's doc says its default.
+///
+/// ```no_run
+/// use std::time::Duration;
+///
+/// # fn main() -> Result<(), redguard::Error> {
+/// let locker = redguard::Locker::builder()
+///     .pool_size(16)
+///     .default_ttl(Duration::from_secs(30))
+///     .io_timeout(Duration::from_millis(500))
+///     .build("redis://127.0.0.1:6379/")?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct LockerBuilder {
+    pool_size: u32,
+    default_ttl: Duration,
+    bounds: Bounds,
+}
+
+impl Default for LockerBuilder {
+    fn default() -> Self {
+        LockerBuilder {
+            pool_size: 16,
+            default_ttl: Duration::from_secs(30),
+            bounds: Bounds {
+                connect: Duration::from_secs(2),
+                io: Duration::from_secs(2),
+                checkout: Duration::from_secs(3),
+            },
+        }
+    }
+}
+
+impl LockerBuilder {
+    /// How many connections the pool keeps open (all opened by [`build`](Self::build)).
+    ///
+    /// Defaults to 16.
+    pub fn pool_size(mut self, size: u32) -> Self {
+        self.pool_size = size;
+        self
+    }
+
+    /// The TTL of locks whose options set none.
+    ///
+    /// Defaults to 30 s.
+    pub fn default_ttl(mut self, ttl: Duration) -> Self {
+        self.default_ttl = ttl;
+        self
+    }
+
+    /// The longest a new connection may take, TCP connect and handshake together.
+    ///
+    /// Defaults to 2 s.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.bounds.connect = timeout;
+        self
+    }
+
+    /// The longest one read or write on a connection may block (a frozen server gives an
+    /// error after this).
+    ///
+    /// Defaults to 2 s.
+    pub fn io_timeout(mut self, timeout: Duration) -> Self {
+        self.bounds.io = timeout;
+        self
+    }
+
+    /// The longest a call waits for a free connection from the pool (including making one).
+    ///
+    /// Defaults to 3 s.
+    pub fn checkout_timeout(mut self, timeout: Duration) -> Self {
+        self.bounds.checkout = timeout;
+        self
+    }
+
+    /// A locker on a new pool of connections to `url` (`redis://[user:password@]host:port/db`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for a malformed URL or a zero size or timeout, [`Error::Pool`]
+    /// when the server cannot be reached within the checkout timeout.
+    pub fn build<T: IntoConnectionInfo>(self, url: T) -> Result<Locker> {
+        self.check()?;
+        let client = Client::open(url)
+            .map_err(|e| Error::InvalidInput(format!("bad redis connection info: {e}")))?;
+        let pool = Pool::build(client, self.pool_size, self.bounds)?;
+        Ok(self.locker(pool))
+    }
+
+    /// A locker on a pool you built. Its connect and checkout timeouts are the pool's own
+    /// (the pool size, connect and checkout settings here do not apply); the I/O timeout is
+    /// set on each of its connections the first time the locker uses it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for a zero I/O timeout or a bad default TTL.
+    pub fn build_with_pool(self, pool: r2d2::Pool<Client>) -> Result<Locker> {
+        self.check()?;
+        let io = self.bounds.io;
+        Ok(self.locker(Pool::Given { pool, io }))
+    }
+
+    fn check(&self) -> Result<()> {
+        checked_ttl(self.default_ttl)?;
+        if self.pool_size == 0 {
+            return Err(Error::InvalidInput(
+                "pool_size is 0: a pool needs a connection".into(),
+            ));
+        }
+        let b = &self.bounds;
+        for (name, timeout) in [
+            ("connect", b.connect),
+            ("io", b.io),
+            ("checkout", b.checkout),
+        ] {
+            if timeout.is_zero() {
+                return Err(Error::InvalidInput(format!(
+                    "{name}_timeout is 0: every network wait needs a bound above zero"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn locker(self, pool: Pool) -> Locker {
+        Locker {
+            shared: Arc::new(Shared {
+                refresher: Refresher::new(pool.clone()),
+                pool,
+                default_ttl: self.default_ttl,
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locker_is_clone_send_sync_and_guard_is_send() {
+        fn send_sync<T: Clone + Send + Sync + 'static>() {}
+        fn send<T: Send + 'static>() {}
+        send_sync::<Locker>();
+        send::<LockGuard>();
+    }
+
+    #[test]
+    fn builder_rejects_zero_sizes_and_timeouts_before_connecting() {
+        let url = "redis://127.0.0.1:1/";
+        let cases = [
+            Locker::builder().pool_size(0),
+            Locker::builder().io_timeout(Duration::ZERO),
+            Locker::builder().connect_timeout(Duration::ZERO),
+            Locker::builder().checkout_timeout(Duration::ZERO),
+            Locker::builder().default_ttl(Duration::from_micros(10)),
+        ];
+        for builder in cases {
+            assert!(matches!(builder.build(url), Err(Error::InvalidInput(_))));
+        }
+    }
+
+    #[test]
+    fn malformed_url_is_invalid_input() {
+        let err = Locker::connect("http://nope").unwrap_err();
+        assert!(matches!(err, Error::InvalidInput(_)), "{err:?}");
+    }
+}

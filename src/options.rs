@@ -1,0 +1,195 @@
+use std::collections::HashSet;
+use std::time::Duration;
+
+use crate::{Error, Result, Retry};
+
+/// The longest TTL Redis accepts without overflowing its expiry clock (about 146 million
+/// years); a longer one is an [`Error::InvalidInput`].
+pub const MAX_TTL: Duration = Duration::from_millis(i64::MAX as u64 / 2);
+
+/// The most keys one lock may take (the scripts pass them to Redis commands as Lua
+/// arguments, and Lua's stack is bounded).
+pub const MAX_KEYS: usize = 1024;
+
+/// How one lock is taken: TTL, wait, owner token and refresh.
+///
+/// Start from `LockOptions::default()` and set what differs; pass it to
+/// [`Locker::lock_with`](crate::Locker::lock_with).
+///
+/// ```
+/// use std::time::Duration;
+/// use redguard::{LockOptions, Retry};
+///
+/// let options = LockOptions::default()
+///     .ttl(Duration::from_millis(500))
+///     .timeout(Duration::from_secs(2))
+///     .retry(Retry::linear(Duration::from_millis(50)))
+///     .metadata("job-42");
+/// ```
+#[derive(Clone, Debug)]
+pub struct LockOptions {
+    pub(crate) ttl: Option<Duration>,
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) retry: Retry,
+    pub(crate) metadata: String,
+    pub(crate) token: Option<String>,
+    pub(crate) auto_refresh: bool,
+}
+
+impl Default for LockOptions {
+    fn default() -> Self {
+        LockOptions {
+            ttl: None,
+            timeout: None,
+            retry: Retry::default(),
+            metadata: String::new(),
+            token: None,
+            auto_refresh: true,
+        }
+    }
+}
+
+impl LockOptions {
+    /// How long Redis keeps the keys if nobody refreshes or releases them. At least 1 ms,
+    /// at most [`MAX_TTL`]; whole milliseconds count (the rest is dropped).
+    ///
+    /// Defaults to the locker's [`default_ttl`](crate::LockerBuilder::default_ttl).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
+    /// The longest the whole acquisition may wait, retries included; once it has passed
+    /// the result is [`Error::NotObtained`]. It is independent of the TTL.
+    ///
+    /// Defaults to no deadline (only the retry policy ends the wait).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// When to try again while another owner holds a key.
+    ///
+    /// Defaults to [`Retry::default()`]: exponential backoff from 2 ms to 100 ms, no limit.
+    pub fn retry(mut self, retry: Retry) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// Any UTF-8 text stored after the token, for whoever inspects the keys.
+    ///
+    /// Defaults to empty.
+    pub fn metadata(mut self, metadata: impl Into<String>) -> Self {
+        self.metadata = metadata.into();
+        self
+    }
+
+    /// A fixed owner token instead of a random one. An owner that presents the same token
+    /// re-obtains keys it already holds (the new guard takes over; the old one will find
+    /// the lock lost if the metadata changed, and releases the new one's keys if it did
+    /// not). A fixed token must not be a prefix of another owner's token.
+    ///
+    /// Defaults to 16 random bytes from the OS generator, hex-encoded (32 characters).
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    /// Whether the locker's background refresher extends the TTL while the guard lives,
+    /// at about a third of the TTL, and marks the guard lost when it cannot.
+    ///
+    /// Defaults to `true`.
+    pub fn auto_refresh(mut self, auto_refresh: bool) -> Self {
+        self.auto_refresh = auto_refresh;
+        self
+    }
+}
+
+/// Copies the keys after checking them: at least one, none empty, none twice.
+pub(crate) fn checked_keys<K: AsRef<str>>(keys: &[K]) -> Result<Vec<String>> {
+    if keys.is_empty() {
+        return invalid("no keys given: a lock needs at least one key".into());
+    }
+    if keys.len() > MAX_KEYS {
+        return invalid(format!(
+            "{} keys given: a lock takes at most {MAX_KEYS}",
+            keys.len()
+        ));
+    }
+    let mut seen = HashSet::with_capacity(keys.len());
+    for (i, key) in keys.iter().map(AsRef::as_ref).enumerate() {
+        if key.is_empty() {
+            return invalid(format!("key #{i} is empty"));
+        }
+        if !seen.insert(key) {
+            return invalid(format!("key {key:?} is given twice"));
+        }
+    }
+    Ok(keys.iter().map(|k| k.as_ref().to_owned()).collect())
+}
+
+/// The TTL in whole milliseconds, as Redis takes it; never 0 (`PEXPIRE key 0` deletes).
+pub(crate) fn checked_ttl(ttl: Duration) -> Result<u64> {
+    if ttl < Duration::from_millis(1) {
+        return invalid(format!(
+            "ttl {ttl:?} is under 1 ms: Redis would expire the keys at once"
+        ));
+    }
+    if ttl > MAX_TTL {
+        return invalid(format!(
+            "ttl {ttl:?} is longer than Redis can store (at most {MAX_TTL:?})"
+        ));
+    }
+    // In range: at most MAX_TTL's milliseconds, which fit in u64.
+    Ok(ttl.as_millis() as u64)
+}
+
+/// A caller's fixed token, checked: a token is what tells owners apart, so never empty.
+pub(crate) fn checked_token(token: &str) -> Result<()> {
+    if token.is_empty() {
+        return invalid("token is empty: leave it unset for a random one".into());
+    }
+    Ok(())
+}
+
+fn invalid<T>(why: String) -> Result<T> {
+    Err(Error::InvalidInput(why))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn why<T: std::fmt::Debug>(result: Result<T>) -> String {
+        match result {
+            Err(Error::InvalidInput(why)) => why,
+            other => panic!("expected InvalidInput, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn keys_are_checked() {
+        assert!(why(checked_keys::<&str>(&[])).contains("no keys"));
+        assert!(why(checked_keys(&["a", ""])).contains("key #1 is empty"));
+        assert!(why(checked_keys(&["a", "b", "a"])).contains("\"a\" is given twice"));
+        let many: Vec<String> = (0..=MAX_KEYS).map(|i| i.to_string()).collect();
+        assert!(why(checked_keys(&many)).contains("at most"));
+        assert_eq!(checked_keys(&["ключ", "🔒"]).unwrap(), vec!["ключ", "🔒"]);
+    }
+
+    #[test]
+    fn ttl_is_checked_and_never_rounded_to_zero() {
+        assert!(why(checked_ttl(Duration::ZERO)).contains("under 1 ms"));
+        assert!(why(checked_ttl(Duration::from_micros(999))).contains("under 1 ms"));
+        assert!(why(checked_ttl(Duration::MAX)).contains("longer than"));
+        assert!(why(checked_ttl(MAX_TTL + Duration::from_millis(1))).contains("longer"));
+        assert_eq!(checked_ttl(Duration::from_micros(1500)).unwrap(), 1);
+        assert_eq!(checked_ttl(MAX_TTL).unwrap(), i64::MAX as u64 / 2);
+    }
+
+    #[test]
+    fn empty_token_is_rejected() {
+        assert!(why(checked_token("")).contains("token is empty"));
+        assert!(checked_token("owner-1").is_ok());
+    }
+}

@@ -1,0 +1,218 @@
+//! One background thread per locker that keeps auto-refreshed locks alive.
+//!
+//! Each lock is refreshed at about a third of its TTL; every lock due within a sixth of its
+//! TTL rides along, so all refreshes of one wake-up go out in one pipelined round trip.
+//! A lock found gone is marked lost (nothing is deleted); on a connection error the lock is
+//! tried again until it would have expired anyway, then marked lost.
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::held::Held;
+use crate::pool::Pool;
+use crate::scripts;
+
+pub(crate) struct Refresher {
+    state: Arc<State>,
+    pool: Pool,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// What the thread shares with its owner: the schedule and a way to wake it.
+struct State {
+    schedule: Mutex<Schedule>,
+    wake: Condvar,
+}
+
+#[derive(Default)]
+struct Schedule {
+    entries: HashMap<u64, Entry>,
+    /// When the sleeping thread wakes by itself; `None` while it is busy or idle.
+    next_wake: Option<Instant>,
+    stopping: bool,
+}
+
+struct Entry {
+    held: Arc<Held>,
+    /// Set after a failed round trip: try again then instead of at the usual time.
+    retry_at: Option<Instant>,
+}
+
+impl Entry {
+    fn due(&self) -> Instant {
+        self.retry_at
+            .unwrap_or_else(|| self.held.timing().refresh_at())
+    }
+}
+
+impl Refresher {
+    /// A refresher that starts its thread with the first lock it is given.
+    pub(crate) fn new(pool: Pool) -> Refresher {
+        Refresher {
+            state: Arc::new(State {
+                schedule: Mutex::new(Schedule::default()),
+                wake: Condvar::new(),
+            }),
+            pool,
+            thread: Mutex::new(None),
+        }
+    }
+
+    /// Keeps `held` alive from now on, until [`remove`](Self::remove) or until it is lost.
+    pub(crate) fn add(&self, held: Arc<Held>) -> io::Result<()> {
+        self.start()?;
+        let entry = Entry {
+            held,
+            retry_at: None,
+        };
+        let due = entry.due();
+        let mut schedule = self.state.schedule.lock();
+        schedule.entries.insert(entry.held.id, entry);
+        self.wake_if_before(&schedule, due);
+        Ok(())
+    }
+
+    pub(crate) fn remove(&self, id: u64) {
+        self.state.schedule.lock().entries.remove(&id);
+    }
+
+    /// Tells the thread that the lock `id` was refreshed by hand, maybe with a shorter TTL.
+    pub(crate) fn rescheduled(&self, id: u64) {
+        let mut schedule = self.state.schedule.lock();
+        if let Some(entry) = schedule.entries.get_mut(&id) {
+            entry.retry_at = None;
+            let due = entry.due();
+            self.wake_if_before(&schedule, due);
+        }
+    }
+
+    fn wake_if_before(&self, schedule: &Schedule, due: Instant) {
+        if schedule.next_wake.is_none_or(|wake| due < wake) {
+            self.state.wake.notify_one();
+        }
+    }
+
+    fn start(&self) -> io::Result<()> {
+        let mut thread = self.thread.lock();
+        if thread.is_none() {
+            let state = Arc::clone(&self.state);
+            let pool = self.pool.clone();
+            let handle = thread::Builder::new()
+                .name("redguard-refresher".into())
+                .spawn(move || run(&state, &pool))?;
+            *thread = Some(handle);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Refresher {
+    fn drop(&mut self) {
+        self.state.schedule.lock().stopping = true;
+        self.state.wake.notify_all();
+        if let Some(handle) = self.thread.get_mut().take() {
+            // The thread's waits are bounded by the pool's timeouts, so this join is too.
+            // It cannot panic, and if it did there is nothing left to tell.
+            let _ = handle.join();
+        }
+    }
+}
+
+fn run(state: &State, pool: &Pool) {
+    let mut batch = Vec::new();
+    loop {
+        {
+            let mut schedule = state.schedule.lock();
+            loop {
+                if schedule.stopping {
+                    return;
+                }
+                let now = Instant::now();
+                let next = schedule.collect_due(now, &mut batch);
+                if !batch.is_empty() {
+                    schedule.next_wake = None;
+                    break;
+                }
+                schedule.next_wake = next;
+                match next {
+                    Some(at) => {
+                        state.wake.wait_until(&mut schedule, at);
+                    }
+                    None => state.wake.wait(&mut schedule),
+                }
+            }
+        }
+        refresh(state, pool, &batch);
+        batch.clear();
+    }
+}
+
+impl Schedule {
+    /// Moves the locks due by `now` (give or take a sixth of their TTL) into `batch`, drops
+    /// lost ones, and returns when the next one falls due.
+    fn collect_due(&mut self, now: Instant, batch: &mut Vec<Arc<Held>>) -> Option<Instant> {
+        let mut next: Option<Instant> = None;
+        self.entries.retain(|_, entry| {
+            if entry.held.is_lost() {
+                return false;
+            }
+            let due = entry.due();
+            let slack = Duration::from_millis(entry.held.timing().ttl_ms / 6);
+            if due.checked_sub(slack).is_none_or(|early| early <= now) {
+                batch.push(Arc::clone(&entry.held));
+            } else {
+                next = Some(next.map_or(due, |n| n.min(due)));
+            }
+            true
+        });
+        next
+    }
+}
+
+/// One pipelined round trip for the whole batch, then the bookkeeping, without holding the
+/// schedule's lock across the I/O.
+fn refresh(state: &State, pool: &Pool, batch: &[Arc<Held>]) {
+    let ttls: Vec<u64> = batch.iter().map(|held| held.timing().ttl_ms).collect();
+    let sent_at = Instant::now();
+    let locks = batch
+        .iter()
+        .zip(&ttls)
+        .map(|(held, &ttl)| (held.keys.as_slice(), held.value.as_str(), ttl));
+    let result = pool
+        .get()
+        .and_then(|mut con| Ok(scripts::refresh_batch(&mut con, locks)?));
+
+    let mut schedule = state.schedule.lock();
+    match result {
+        Ok(refreshed) => {
+            for ((held, &ttl), still_held) in batch.iter().zip(&ttls).zip(refreshed) {
+                if still_held {
+                    held.refreshed(sent_at, ttl);
+                    if let Some(entry) = schedule.entries.get_mut(&held.id) {
+                        entry.retry_at = None;
+                    }
+                } else {
+                    held.mark_lost();
+                    schedule.entries.remove(&held.id);
+                }
+            }
+        }
+        Err(_) => {
+            let now = Instant::now();
+            for held in batch {
+                if held.is_lost() {
+                    schedule.entries.remove(&held.id);
+                } else if let Some(entry) = schedule.entries.get_mut(&held.id) {
+                    let gap = Duration::from_millis(held.timing().ttl_ms / 10)
+                        .clamp(Duration::from_millis(10), Duration::from_secs(1));
+                    entry.retry_at = Some(now + gap);
+                }
+            }
+        }
+    }
+}
