@@ -1,0 +1,279 @@
+//! TTL, refresh, loss, and the background refresher.
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redguard::{Error, LockOptions, Locker};
+
+use crate::server::RedisServer;
+use crate::{eventually, locker};
+
+fn manual(ttl: Duration) -> LockOptions {
+    LockOptions::default().ttl(ttl).auto_refresh(false)
+}
+
+#[test]
+fn refresh_extends_the_ttl() {
+    let server = RedisServer::start();
+    let guard = locker(&server)
+        .lock_with(&["k"], manual(Duration::from_secs(1)))
+        .unwrap();
+    guard.refresh(Duration::from_secs(60)).unwrap();
+
+    let ttl = guard.ttl().unwrap().expect("held");
+    assert!(ttl > Duration::from_secs(30), "{ttl:?}");
+    assert!(server.query::<i64>(&["PTTL", "k"]) > 30_000);
+    let too_short = guard.refresh(Duration::ZERO);
+    assert!(matches!(too_short, Err(Error::InvalidInput(_))));
+}
+
+#[test]
+fn ttl_reports_the_shortest_remaining_ttl() {
+    let server = RedisServer::start();
+    let guard = locker(&server)
+        .lock_with(&["a", "b"], manual(Duration::from_secs(60)))
+        .unwrap();
+    server.query::<()>(&["PEXPIRE", "b", "3000"]);
+
+    let ttl = guard.ttl().unwrap().expect("held");
+    assert!(
+        ttl <= Duration::from_secs(3) && ttl > Duration::from_secs(1),
+        "{ttl:?}"
+    );
+}
+
+#[test]
+fn refresh_ttl_and_release_after_expiry_report_lost() {
+    let server = RedisServer::start();
+    let locker = locker(&server);
+
+    // Expired by the server (DEL stands in for the TTL running out).
+    let guard = locker
+        .lock_with(&["k"], manual(Duration::from_secs(60)))
+        .unwrap();
+    server.query::<()>(&["DEL", "k"]);
+    assert!(matches!(
+        guard.refresh(Duration::from_secs(60)),
+        Err(Error::LockLost)
+    ));
+    assert!(guard.is_lost());
+    assert!(matches!(guard.release(), Err(Error::LockLost)));
+
+    // Expired for real, by a short PEXPIRE on the server.
+    let guard = locker
+        .lock_with(&["j"], manual(Duration::from_secs(60)))
+        .unwrap();
+    server.query::<()>(&["PEXPIRE", "j", "1"]);
+    eventually(Duration::from_secs(2), "the key expires", || {
+        server.query::<u32>(&["EXISTS", "j"]) == 0
+    });
+    assert_eq!(guard.ttl().unwrap(), None);
+    assert!(guard.is_lost());
+    assert!(matches!(guard.release(), Err(Error::LockLost)));
+}
+
+#[test]
+fn release_of_a_key_taken_by_another_owner_is_lost_and_keeps_their_value() {
+    let server = RedisServer::start();
+    let guard = locker(&server)
+        .lock_with(&["k"], manual(Duration::from_secs(60)))
+        .unwrap();
+    server.query::<()>(&["SET", "k", "someone-else"]);
+
+    assert!(matches!(
+        guard.refresh(Duration::from_secs(60)),
+        Err(Error::LockLost)
+    ));
+    assert_eq!(
+        server.query::<i64>(&["PTTL", "k"]),
+        -1,
+        "their key was not touched"
+    );
+    assert!(matches!(guard.release(), Err(Error::LockLost)));
+    assert_eq!(server.query::<String>(&["GET", "k"]), "someone-else");
+}
+
+#[test]
+fn lock_without_refresh_is_lost_once_its_ttl_has_passed() {
+    let server = RedisServer::start();
+    let guard = locker(&server)
+        .lock_with(&["k"], manual(Duration::from_millis(50)))
+        .unwrap();
+    assert!(!guard.is_lost());
+    eventually(Duration::from_secs(2), "the ttl passes", || guard.is_lost());
+    assert!(matches!(guard.release(), Err(Error::LockLost)));
+}
+
+#[test]
+fn auto_refresh_keeps_a_300ms_lock_alive_for_2s() {
+    let server = RedisServer::start();
+    let guard = locker(&server)
+        .lock_with(
+            &["k"],
+            LockOptions::default().ttl(Duration::from_millis(300)),
+        )
+        .unwrap();
+
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(2) {
+        assert!(!guard.is_lost(), "lost after {:?}", started.elapsed());
+        let stored: Option<String> = server.query(&["GET", "k"]);
+        assert_eq!(
+            stored.as_deref(),
+            Some(guard.token()),
+            "after {:?}",
+            started.elapsed()
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+    guard.release().unwrap();
+}
+
+#[test]
+fn auto_refresh_keeps_many_locks_alive() {
+    let server = RedisServer::start();
+    let locker = locker(&server);
+    let options = LockOptions::default().ttl(Duration::from_millis(300));
+    let guards: Vec<_> = (0..500)
+        .map(|i| {
+            locker
+                .lock_with(&[format!("k{i}")], options.clone())
+                .unwrap()
+        })
+        .collect();
+
+    thread::sleep(Duration::from_secs(1)); // over three TTLs
+    assert!(guards.iter().all(|g| !g.is_lost()));
+    let held: u32 = server.query(&["DBSIZE"]);
+    assert_eq!(held, 500);
+    drop(guards);
+    assert_eq!(server.query::<u32>(&["DBSIZE"]), 0);
+}
+
+#[test]
+fn key_deleted_behind_the_guards_back_is_seen_lost() {
+    let server = RedisServer::start();
+    let guard = locker(&server)
+        .lock_with(
+            &["k"],
+            LockOptions::default().ttl(Duration::from_millis(300)),
+        )
+        .unwrap();
+    server.query::<()>(&["DEL", "k"]);
+
+    eventually(
+        Duration::from_secs(2),
+        "the refresher sees the loss",
+        || guard.is_lost(),
+    );
+    assert_eq!(server.query::<u32>(&["EXISTS", "k"]), 0, "never recreated");
+    assert!(matches!(guard.release(), Err(Error::LockLost)));
+}
+
+#[test]
+fn refresher_never_deletes_a_lock_taken_over() {
+    let server = RedisServer::start();
+    let guard = locker(&server)
+        .lock_with(
+            &["k"],
+            LockOptions::default().ttl(Duration::from_millis(300)),
+        )
+        .unwrap();
+    server.query::<()>(&["SET", "k", "new-owner"]);
+
+    eventually(
+        Duration::from_secs(2),
+        "the refresher sees the loss",
+        || guard.is_lost(),
+    );
+    drop(guard);
+    assert_eq!(server.query::<String>(&["GET", "k"]), "new-owner");
+}
+
+#[test]
+fn manual_refresh_sets_the_ttl_the_refresher_keeps() {
+    let server = RedisServer::start();
+    let guard = locker(&server)
+        .lock_with(&["k"], LockOptions::default().ttl(Duration::from_secs(60)))
+        .unwrap();
+    guard.refresh(Duration::from_millis(300)).unwrap();
+
+    // Kept alive at the new, shorter TTL: after a second the key still lives, and its TTL
+    // is the new one, not the original 60 s.
+    thread::sleep(Duration::from_secs(1));
+    assert!(!guard.is_lost());
+    let ttl = guard.ttl().unwrap().expect("held");
+    assert!(ttl <= Duration::from_millis(300), "{ttl:?}");
+}
+
+/// Threads of this process named like the refresher (Linux truncates names to 15 bytes).
+#[cfg(target_os = "linux")]
+fn refresher_threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .filter(|name| name.trim_end() == "redguard-refres")
+        .count()
+}
+
+/// Runs [`refresher_thread_per_locker_child`] alone in a child process, so that no other
+/// test's threads are counted.
+#[cfg(target_os = "linux")]
+#[test]
+fn one_refresher_thread_per_locker_gone_with_its_guards() {
+    let output = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "refresh::refresher_thread_per_locker_child"])
+        .args(["--ignored", "--nocapture", "--test-threads=1"])
+        .env("REDGUARD_CHILD", "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("1 passed"),
+        "child failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+#[ignore = "run by one_refresher_thread_per_locker_gone_with_its_guards"]
+fn refresher_thread_per_locker_child() {
+    assert_eq!(std::env::var("REDGUARD_CHILD").as_deref(), Ok("1"));
+    let server = RedisServer::start();
+    let options = LockOptions::default().ttl(Duration::from_secs(3));
+
+    let first = Locker::connect(server.url()).unwrap();
+    let manual = first
+        .lock_with(&["m"], options.clone().auto_refresh(false))
+        .unwrap();
+    assert_eq!(
+        refresher_threads(),
+        0,
+        "started lazily, not for manual guards"
+    );
+
+    let guards: Vec<_> = (0..50)
+        .map(|i| {
+            first
+                .lock_with(&[format!("a{i}")], options.clone())
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(refresher_threads(), 1, "one thread for 50 guards");
+
+    let second = Locker::connect(server.url()).unwrap();
+    let other = second.lock_with(&["b"], options.clone()).unwrap();
+    assert_eq!(refresher_threads(), 2, "one per locker");
+
+    drop(first);
+    assert_eq!(
+        refresher_threads(),
+        2,
+        "guards keep their locker's refresher"
+    );
+    drop((guards, manual));
+    assert_eq!(refresher_threads(), 1, "joined with the last guard");
+    drop((second, other));
+    assert_eq!(refresher_threads(), 0);
+}
