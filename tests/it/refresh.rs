@@ -114,6 +114,7 @@ fn auto_refresh_keeps_a_300ms_lock_alive_for_2s() {
         )
         .unwrap();
 
+    let calls = server.evalsha_calls();
     let started = Instant::now();
     while started.elapsed() < Duration::from_secs(2) {
         assert!(!guard.is_lost(), "lost after {:?}", started.elapsed());
@@ -126,6 +127,12 @@ fn auto_refresh_keeps_a_300ms_lock_alive_for_2s() {
         );
         thread::sleep(Duration::from_millis(50));
     }
+    // Refreshed every 50..100 ms (a sixth to a third of the TTL), not in a busy loop.
+    let refreshes = server.evalsha_calls() - calls;
+    assert!(
+        (10..=45).contains(&refreshes),
+        "{refreshes} refreshes in 2 s"
+    );
     guard.release().unwrap();
 }
 
