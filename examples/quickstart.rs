@@ -40,7 +40,6 @@ fn main() -> Result<(), Box<dyn Error>> {
     let workers: Vec<_> = (1..=4)
         .map(|n| {
             let locker = locker.clone();
-            let at = at.clone();
             thread::spawn(move || -> Result<(), redguard::Error> {
                 let guard = locker.lock_with(
                     &["demo:printer"],
