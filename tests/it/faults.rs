@@ -78,3 +78,51 @@ fn paused_server_gives_errors_within_the_bounds() {
     }
     assert!(recovered, "the pool did not recover");
 }
+
+#[test]
+fn refresher_rides_out_a_pause_shorter_than_the_ttl() {
+    let server = RedisServer::start();
+    let locker = tight().build(server.url()).unwrap();
+    let guard = locker
+        .lock_with(&["k"], LockOptions::default().ttl(Duration::from_secs(3)))
+        .unwrap();
+
+    // Long enough for refreshes to time out (I/O bound 300 ms), short of the 3 s TTL.
+    server.pause();
+    std::thread::sleep(Duration::from_millis(1500));
+    server.resume();
+
+    // Connection errors are retried, not taken for loss: a TTL later it is still held.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(!guard.is_lost());
+    assert_eq!(
+        server.query::<Option<String>>(&["GET", "k"]).as_deref(),
+        Some(guard.token())
+    );
+    guard.release().unwrap();
+}
+
+#[test]
+fn refresher_marks_lost_when_the_server_stays_away_past_the_ttl() {
+    let server = RedisServer::start();
+    let locker = tight().build(server.url()).unwrap();
+    let guard = locker
+        .lock_with(&["k"], LockOptions::default().ttl(Duration::from_secs(1)))
+        .unwrap();
+    let started = Instant::now();
+    server.pause();
+
+    crate::eventually(Duration::from_secs(5), "the guard is marked lost", || {
+        guard.is_lost()
+    });
+    let took = started.elapsed();
+    assert!(
+        took <= Duration::from_millis(1100),
+        "lost only after {took:?}"
+    );
+
+    server.resume();
+    let (result, took) = timed(|| guard.release());
+    assert!(matches!(result, Err(Error::LockLost)), "{result:?}");
+    assert!(took < LIMIT, "release took {took:?}");
+}
