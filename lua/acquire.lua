@@ -4,6 +4,13 @@
 -- ARGV[3]: the TTL in milliseconds.
 -- Returns 1 when every key is now ours, 0 when another owner holds one of them, and
 -- {key, type} when a key holds another Redis type (nothing is changed then).
+local token_len, ttl = tonumber(ARGV[2]), tonumber(ARGV[3])
+if not token_len or token_len < 1 or token_len > #ARGV[1] or not ttl or ttl < 1 then
+  -- Checked before any write: PEXPIRE 0 would delete the keys, a bad TTL keep them forever.
+  -- (Numbers only check; the strings go to PEXPIRE, as a Lua number loses digits.)
+  return redis.error_reply('ERR redguard acquire: bad token length or ttl')
+end
+
 local args = {}
 for i, key in ipairs(KEYS) do
   args[2 * i - 1] = key
@@ -19,7 +26,6 @@ if redis.call('msetnx', unpack(args)) == 0 then
     end
   end
   -- The same owner (same token prefix) may re-obtain its own keys, all of them or none.
-  local token_len = tonumber(ARGV[2])
   local token = string.sub(ARGV[1], 1, token_len)
   for _, key in ipairs(KEYS) do
     if redis.call('getrange', key, 0, token_len - 1) ~= token then

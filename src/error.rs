@@ -49,8 +49,11 @@ impl fmt::Display for Error {
                 "key {key:?} holds a Redis {kind}, not a lock, and was left untouched \
                  (lock another key or delete it)"
             ),
+            Error::Redis(e) if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() => {
+                f.write_str("redis is unreachable or not answering (check that the server is up)")
+            }
             Error::Redis(_) => f.write_str(
-                "redis request failed (check that the server is up and reachable)",
+                "redis refused the request (see the cause: permissions, memory, a busy script?)",
             ),
             Error::Pool(_) => f.write_str(
                 "no redis connection available within the checkout timeout \
@@ -112,7 +115,7 @@ mod tests {
         ];
         assert!(messages[0].starts_with("lock not obtained"));
         assert!(messages[1].starts_with("lock lost"));
-        assert!(messages[2].starts_with("redis request failed"));
+        assert!(messages[2].starts_with("redis is unreachable"));
     }
 
     #[test]

@@ -5,7 +5,8 @@ use std::time::{Duration, Instant};
 use crate::held::Held;
 use crate::locker::Shared;
 use crate::options::checked_ttl;
-use crate::{Error, Result, scripts};
+use crate::scripts::{self, Refresh};
+use crate::{Error, Result};
 
 /// A held lock on one or more keys, released when dropped.
 ///
@@ -59,7 +60,10 @@ impl LockGuard {
     }
 
     /// The shortest remaining TTL of the keys, as the server sees it; `None` when the lock
-    /// is no longer held (the guard is then marked lost).
+    /// is no longer held (the guard is then marked lost), `Some(Duration::MAX)` when no key
+    /// has a TTL (someone ran PERSIST). It can be `Some` while [`is_lost`](Self::is_lost)
+    /// is already `true`: this process counts the TTL down from before its last refresh was
+    /// sent, so it gives the lock up a little before the server does.
     ///
     /// # Errors
     /// [`Error::Redis`] or [`Error::Pool`] when Redis cannot be asked.
@@ -84,13 +88,19 @@ impl LockGuard {
         if self.held.is_lost() {
             return Err(Error::LockLost);
         }
+        // From now on the refresher uses the new TTL too.
+        self.held.set_ttl(ttl_ms);
+        let lock = Refresh {
+            keys: &self.held.keys,
+            value: &self.held.value,
+            ttl_ms,
+        };
         let sent_at = Instant::now();
-        let mut con = self.shared.pool.get()?;
-        if !scripts::refresh(&mut con, &self.held.keys, &self.held.value, ttl_ms)? {
+        let held = scripts::refresh(&mut self.shared.pool.get()?, &[lock])?;
+        if held != [true] {
             self.held.mark_lost();
             return Err(Error::LockLost);
         }
-        drop(con);
         self.held.refreshed(sent_at, ttl_ms);
         if self.auto_refresh {
             self.shared.refresher.rescheduled(self.held.id);
@@ -108,9 +118,10 @@ impl LockGuard {
     /// Deletes the keys if they still hold this guard's value.
     ///
     /// # Errors
-    /// [`Error::LockLost`] when the lock was no longer held, or was already known lost
-    /// (nothing is deleted then); [`Error::Redis`] or [`Error::Pool`] when Redis cannot be
-    /// asked (the keys then expire with their TTL).
+    /// [`Error::LockLost`] when the keys no longer held this guard's value (nothing is
+    /// deleted then), or when the lock was already known lost (the keys are still deleted
+    /// if they hold this guard's value); [`Error::Redis`] or [`Error::Pool`] when Redis
+    /// cannot be asked (the keys then expire with their TTL).
     pub fn release(mut self) -> Result<()> {
         self.released = true;
         let known_lost = self.held.is_lost();

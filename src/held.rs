@@ -18,30 +18,42 @@ pub(crate) struct Held {
 
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Timing {
+    /// The TTL to set at the next refresh.
     pub(crate) ttl_ms: u64,
-    /// When the last acquire or refresh that succeeded was sent. The server set the
-    /// expiry after this, so `set_at + ttl` is never later than the real expiry.
-    pub(crate) set_at: Instant,
+    /// When the newest acquire or refresh that succeeded was sent.
+    sent_at: Instant,
+    /// The earliest the keys may expire, by our clock. The server set each expiry after
+    /// its request was sent, so `sent + ttl` is never later than the real expiry.
+    expires_at: Instant,
 }
 
 impl Timing {
-    /// The earliest the keys may expire, by our clock.
+    /// The timing of a lock just set with `ttl_ms` by a request sent at `sent_at`.
+    pub(crate) fn new(ttl_ms: u64, sent_at: Instant) -> Timing {
+        Timing {
+            ttl_ms,
+            sent_at,
+            expires_at: after(sent_at, ttl_ms),
+        }
+    }
+
     pub(crate) fn expires_at(&self) -> Instant {
-        self.after(self.ttl_ms)
+        self.expires_at
     }
 
-    /// When the refresher should extend the lock: a third into its TTL.
+    /// When the refresher should extend the lock: with two thirds of its TTL left.
     pub(crate) fn refresh_at(&self) -> Instant {
-        self.after(self.ttl_ms / 3)
+        let left = Duration::from_millis(self.ttl_ms - self.ttl_ms / 3);
+        self.expires_at.checked_sub(left).unwrap_or(self.sent_at)
     }
+}
 
-    fn after(&self, ms: u64) -> Instant {
-        // Some platforms' `Instant` overflows within centuries, so a lock held for 100
-        // years is held "forever" by our clock; 100 years on never overflows.
-        const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
-        let wait = Duration::from_millis(ms).min(FOREVER);
-        self.set_at.checked_add(wait).unwrap_or(self.set_at)
-    }
+/// `at` + `ms`, where 100 years count as forever: some platforms' `Instant` overflows
+/// within centuries, and 100 years on from a monotonic clock never does.
+fn after(at: Instant, ms: u64) -> Instant {
+    const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    at.checked_add(Duration::from_millis(ms).min(FOREVER))
+        .unwrap_or(at)
 }
 
 impl Held {
@@ -69,15 +81,22 @@ impl Held {
         *self.timing.lock()
     }
 
-    /// Records a refresh that succeeded, sent at `sent_at` with `ttl_ms`.
+    /// Sets the TTL that later refreshes use.
+    pub(crate) fn set_ttl(&self, ttl_ms: u64) {
+        self.timing.lock().ttl_ms = ttl_ms;
+    }
+
+    /// Records a refresh to `ttl_ms` that succeeded, sent at `sent_at`.
     pub(crate) fn refreshed(&self, sent_at: Instant, ttl_ms: u64) {
         let mut timing = self.timing.lock();
-        // A slower round trip may finish after a newer one: keep the newest.
-        if sent_at >= timing.set_at {
-            *timing = Timing {
-                ttl_ms,
-                set_at: sent_at,
-            };
+        let expires_at = after(sent_at, ttl_ms);
+        if sent_at >= timing.sent_at {
+            timing.sent_at = sent_at;
+            timing.expires_at = expires_at;
+        } else {
+            // Two refreshes overlapped and this older one finished last: the server may
+            // have applied either one last, so believe the earlier expiry.
+            timing.expires_at = timing.expires_at.min(expires_at);
         }
     }
 
@@ -103,9 +122,11 @@ impl Held {
 mod tests {
     use super::*;
 
-    fn held(ttl_ms: u64, set_at: Instant) -> Held {
+    const MS: Duration = Duration::from_millis(1);
+
+    fn held(ttl_ms: u64, sent_at: Instant) -> Held {
         let value = "0123abcdmeta".to_string();
-        Held::new(vec!["k".into()], value, 8, Timing { ttl_ms, set_at })
+        Held::new(vec!["k".into()], value, 8, Timing::new(ttl_ms, sent_at))
     }
 
     #[test]
@@ -117,24 +138,44 @@ mod tests {
 
     #[test]
     fn lost_once_the_ttl_has_run_out_and_stays_lost() {
-        let start = Instant::now();
-        let held = held(1, start);
-        std::thread::sleep(Duration::from_millis(2));
+        let held = held(1, Instant::now());
+        std::thread::sleep(2 * MS);
         assert!(held.is_lost());
         held.refreshed(Instant::now(), 60_000);
         assert!(held.is_lost(), "lost is sticky");
     }
 
     #[test]
-    fn an_older_refresh_does_not_overwrite_a_newer_one() {
+    fn refresh_is_due_with_two_thirds_of_the_ttl_left() {
+        let start = Instant::now();
+        let timing = Timing::new(3000, start);
+        assert_eq!(timing.expires_at(), start + 3000 * MS);
+        assert_eq!(timing.refresh_at(), start + 1000 * MS);
+    }
+
+    #[test]
+    fn a_newer_refresh_sets_the_expiry() {
         let start = Instant::now();
         let held = held(1000, start);
-        let later = start + Duration::from_millis(10);
-        held.refreshed(later, 5000);
-        held.refreshed(start, 1);
-        assert_eq!(held.timing().ttl_ms, 5000);
-        assert_eq!(held.timing().set_at, later);
-        assert!(!held.is_lost());
+        held.refreshed(start + 10 * MS, 5000);
+        assert_eq!(held.timing().expires_at(), start + 5010 * MS);
+    }
+
+    #[test]
+    fn overlapping_refreshes_keep_the_earlier_expiry() {
+        // A refresh to 60 s is sent after an automatic one to 600 ms and finishes first;
+        // the server may still apply the 600 ms one last.
+        let start = Instant::now();
+        let held = held(600, start);
+        held.set_ttl(60_000);
+        held.refreshed(start + 20 * MS, 60_000);
+        held.refreshed(start + 10 * MS, 600);
+        assert_eq!(held.timing().expires_at(), start + 610 * MS);
+        assert_eq!(
+            held.timing().ttl_ms,
+            60_000,
+            "later refreshes use the new ttl"
+        );
     }
 
     #[test]

@@ -33,7 +33,7 @@
 //! MSETNX or none of them; refresh, release and TTL checks run scripts that act only when
 //! every key still holds exactly the guard's value. One background thread per [`Locker`]
 //! refreshes all of its auto-refreshed guards at about a third of their TTL, in one
-//! pipelined round trip per wake-up, and marks a guard lost when its lock is gone.
+//! script call (one round trip) per wake-up, and marks a guard lost when its lock is gone.
 //!
 //! # What this does not guarantee
 //! - A lock is a lease: after a pause longer than the TTL (GC, SIGSTOP, a slow network)
@@ -44,7 +44,8 @@
 //! - One Redis server: if it loses data (restart without persistence, failover to a replica
 //!   that had not seen the write) a lock can be granted twice.
 //! - Expiry runs on the server's clock; this process counts the TTL from before it sent the
-//!   request, so it considers a lock lost no later than the server does.
+//!   request, so it considers a lock lost no later than the server does (unless the same
+//!   fixed token re-obtains the keys with a shorter TTL: the old guard does not know).
 
 mod error;
 mod guard;
@@ -61,4 +62,5 @@ pub use error::{Error, Result};
 pub use guard::LockGuard;
 pub use locker::{Locker, LockerBuilder};
 pub use options::{LockOptions, MAX_KEYS, MAX_TTL};
+pub use pool::SocketTimeouts;
 pub use retry::{Delays, Retry};

@@ -52,7 +52,9 @@ impl Locker {
     }
 
     /// A locker on a pool you built, with the defaults of [`LockerBuilder`]; see
-    /// [`LockerBuilder::build_with_pool`].
+    /// [`LockerBuilder::build_with_pool`]. Build the pool with the
+    /// [`SocketTimeouts`](crate::SocketTimeouts) customizer, or a frozen server can hang
+    /// r2d2's own connection checks.
     pub fn from_pool(pool: r2d2::Pool<Client>) -> Locker {
         // The defaults pass `check`, so this is `build_with_pool` without its `Result`.
         let builder = LockerBuilder::default();
@@ -117,15 +119,7 @@ impl Locker {
             };
             match outcome {
                 Acquired::Yes => {
-                    let held = Held::new(
-                        keys,
-                        value,
-                        token_len,
-                        Timing {
-                            ttl_ms,
-                            set_at: sent_at,
-                        },
-                    );
+                    let held = Held::new(keys, value, token_len, Timing::new(ttl_ms, sent_at));
                     return LockGuard::new(Arc::clone(&self.shared), held, options.auto_refresh);
                 }
                 Acquired::WrongType { key, kind } => return Err(Error::WrongType { key, kind }),
@@ -247,6 +241,12 @@ impl LockerBuilder {
     /// A locker on a pool you built. Its connect and checkout timeouts are the pool's own
     /// (the pool size, connect and checkout settings here do not apply); the I/O timeout is
     /// set on each of its connections the first time the locker uses it.
+    ///
+    /// r2d2 makes connections and (by default) PINGs them on checkout before the locker
+    /// sees them, with no socket timeout unless the pool sets one: build the pool with the
+    /// [`SocketTimeouts`](crate::SocketTimeouts) customizer so that a frozen server gives
+    /// an error there too. A connection whose request failed mid-way is not used again
+    /// until an `ECHO` round trip shows its replies are back in step.
     ///
     /// # Errors
     /// [`Error::InvalidInput`] for a zero I/O timeout or a bad default TTL.

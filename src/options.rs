@@ -1,6 +1,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
+use crate::token::RANDOM_TOKEN_LEN;
 use crate::{Error, Result, Retry};
 
 /// The longest TTL Redis accepts without overflowing its expiry clock (about 146 million
@@ -87,7 +88,14 @@ impl LockOptions {
     /// A fixed owner token instead of a random one. An owner that presents the same token
     /// re-obtains keys it already holds (the new guard takes over; the old one will find
     /// the lock lost if the metadata changed, and releases the new one's keys if it did
-    /// not). A fixed token must not be a prefix of another owner's token.
+    /// not).
+    ///
+    /// Re-obtaining compares only the start of each key's value with the token, so a fixed
+    /// token must not be a prefix of what another owner stores (its token followed by its
+    /// metadata). Lowercase hex shorter than a random token is rejected for that reason;
+    /// a whole random token (32 hex digits, say from [`LockGuard::token`]) is accepted.
+    ///
+    /// [`LockGuard::token`]: crate::LockGuard::token
     ///
     /// Defaults to 16 random bytes from the OS generator, hex-encoded (32 characters).
     pub fn token(mut self, token: impl Into<String>) -> Self {
@@ -144,10 +152,20 @@ pub(crate) fn checked_ttl(ttl: Duration) -> Result<u64> {
     Ok(ttl.as_millis() as u64)
 }
 
-/// A caller's fixed token, checked: a token is what tells owners apart, so never empty.
+/// A caller's fixed token, checked: never empty, and never a short run of lowercase hex,
+/// which could be the start of another owner's random token and take over its keys.
 pub(crate) fn checked_token(token: &str) -> Result<()> {
     if token.is_empty() {
         return invalid("token is empty: leave it unset for a random one".into());
+    }
+    let random_like = token
+        .bytes()
+        .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    if random_like && token.len() < RANDOM_TOKEN_LEN {
+        return invalid(format!(
+            "token {token:?} could be the start of a random token and take over its lock: \
+             use a character outside 0-9a-f, or all {RANDOM_TOKEN_LEN} hex digits"
+        ));
     }
     Ok(())
 }
@@ -188,8 +206,15 @@ mod tests {
     }
 
     #[test]
-    fn empty_token_is_rejected() {
+    fn empty_and_random_prefix_tokens_are_rejected() {
         assert!(why(checked_token("")).contains("token is empty"));
+        assert!(why(checked_token("7")).contains("start of a random token"));
+        assert!(why(checked_token("deadbeef")).contains("start of a random token"));
         assert!(checked_token("owner-1").is_ok());
+        assert!(checked_token("DEADBEEF").is_ok());
+        assert!(
+            checked_token(&"a".repeat(32)).is_ok(),
+            "a whole token, to re-obtain"
+        );
     }
 }

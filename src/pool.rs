@@ -1,10 +1,11 @@
-//! Where a locker gets its connections, with a bound on every network wait.
+//! Where a locker gets its connections, with a bound on every network wait, and never a
+//! connection that lost track of its replies.
 
-use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use r2d2::PooledConnection;
-use redis::{Client, Connection, ConnectionLike, RedisError, RedisResult};
+use redis::{Client, Connection, ConnectionLike, ErrorKind, RedisError, RedisResult, Value};
 
 use crate::Result;
 
@@ -33,7 +34,7 @@ impl Pool {
         let pool = r2d2::Pool::builder()
             .max_size(size)
             // r2d2 would PING on every checkout: a round trip more per lock operation.
-            // Broken connections are still dropped, through `has_broken`.
+            // Connections that failed are dropped instead, through `has_broken`.
             .test_on_check_out(false)
             .connection_timeout(bounds.checkout)
             .build(BoundedClient { client, bounds })?;
@@ -46,23 +47,52 @@ impl Pool {
             Pool::Own(pool) => Conn::Own(pool.get()?),
             Pool::Given { pool, io } => {
                 let mut con = pool.get()?;
-                // A caller's pool may have no socket timeouts: set ours once per connection.
-                if PooledConnection::extensions(&con)
-                    .get::<TimeoutsSet>()
-                    .is_none()
-                {
-                    con.set_read_timeout(Some(*io))?;
-                    con.set_write_timeout(Some(*io))?;
-                    PooledConnection::extensions_mut(&mut con).insert(TimeoutsSet);
+                let state = PooledConnection::extensions(&con)
+                    .get::<GivenState>()
+                    .copied();
+                match state {
+                    None => {
+                        // A caller's pool may have no socket timeouts: set ours once.
+                        con.set_read_timeout(Some(*io))?;
+                        con.set_write_timeout(Some(*io))?;
+                    }
+                    // We cannot take it out of a pool we did not build: use it again only
+                    // once its replies are back in step with its requests.
+                    Some(GivenState::Broken) => resync(&mut con)?,
+                    Some(GivenState::Ready) => {}
                 }
+                PooledConnection::extensions_mut(&mut con).insert(GivenState::Ready);
                 Conn::Given(con)
             }
         })
     }
 }
 
-/// Marks a connection of a caller's pool whose socket timeouts we have set.
-struct TimeoutsSet;
+/// What we know of a connection of a caller's pool (kept in its r2d2 extensions).
+#[derive(Clone, Copy)]
+enum GivenState {
+    /// Our socket timeouts are set and its replies are in step with its requests.
+    Ready,
+    /// A request failed mid-way: a reply or part of a request may still be in flight.
+    Broken,
+}
+
+/// Sends `ECHO <unique nonce>` and reads until the nonce comes back: whatever was in flight
+/// before it has then been read. Each read is bounded by the socket timeout.
+fn resync(con: &mut Connection) -> RedisResult<()> {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nonce = format!("redguard-resync-{}", NEXT.fetch_add(1, Ordering::Relaxed));
+    con.send_packed_command(&redis::cmd("ECHO").arg(&nonce).get_packed_command())?;
+    // Anything more than a few stale replies means something else is wrong.
+    for _ in 0..16 {
+        if con.recv_response()? == Value::BulkString(nonce.clone().into_bytes()) {
+            return Ok(());
+        }
+    }
+    Err(RedisError::from(std::io::Error::other(
+        "a pooled connection stayed out of step after an earlier failure",
+    )))
+}
 
 /// A `redis::Client` whose connects and reads are bounded: r2d2's own manager for
 /// `Client` connects without a timeout, which hangs on a frozen server.
@@ -71,25 +101,31 @@ pub(crate) struct BoundedClient {
     bounds: Bounds,
 }
 
+/// A connection of our own pool, and whether it must be thrown away.
+pub(crate) struct Tracked {
+    con: Connection,
+    broken: bool,
+}
+
 impl r2d2::ManageConnection for BoundedClient {
-    type Connection = Connection;
+    type Connection = Tracked;
     type Error = RedisError;
 
-    fn connect(&self) -> RedisResult<Connection> {
+    fn connect(&self) -> RedisResult<Tracked> {
         let con = self
             .client
             .get_connection_with_timeout(self.bounds.connect)?;
         con.set_read_timeout(Some(self.bounds.io))?;
         con.set_write_timeout(Some(self.bounds.io))?;
-        Ok(con)
+        Ok(Tracked { con, broken: false })
     }
 
-    fn is_valid(&self, con: &mut Connection) -> RedisResult<()> {
-        redis::cmd("PING").query(con)
+    fn is_valid(&self, tracked: &mut Tracked) -> RedisResult<()> {
+        redis::cmd("PING").query(&mut tracked.con)
     }
 
-    fn has_broken(&self, con: &mut Connection) -> bool {
-        !con.is_open()
+    fn has_broken(&self, tracked: &mut Tracked) -> bool {
+        tracked.broken || !tracked.con.is_open()
     }
 }
 
@@ -99,22 +135,54 @@ pub(crate) enum Conn {
     Given(PooledConnection<Client>),
 }
 
-impl Deref for Conn {
-    type Target = Connection;
-
-    fn deref(&self) -> &Connection {
-        match self {
-            Conn::Own(con) => con,
-            Conn::Given(con) => con,
+impl Conn {
+    /// Runs one request. Any failure other than an error reply from the server (a
+    /// timeout, a half-written request, a reply of the wrong shape) may leave replies out
+    /// of step with requests, so the connection is never used again as it is.
+    pub(crate) fn run<T>(
+        &mut self,
+        request: impl FnOnce(&mut Connection) -> RedisResult<T>,
+    ) -> RedisResult<T> {
+        let con = match self {
+            Conn::Own(tracked) => &mut tracked.con,
+            Conn::Given(con) => &mut **con,
+        };
+        let result = request(con);
+        if let Err(e) = &result
+            && !matches!(e.kind(), ErrorKind::Server(_))
+        {
+            match self {
+                Conn::Own(tracked) => tracked.broken = true,
+                Conn::Given(con) => {
+                    PooledConnection::extensions_mut(con).insert(GivenState::Broken);
+                }
+            }
         }
+        result
     }
 }
 
-impl DerefMut for Conn {
-    fn deref_mut(&mut self) -> &mut Connection {
-        match self {
-            Conn::Own(con) => con,
-            Conn::Given(con) => con,
-        }
+/// Socket timeouts for the connections of a pool you build yourself for
+/// [`Locker::from_pool`](crate::Locker::from_pool): set from the moment each connection is
+/// made, so that even r2d2's own checkout PING cannot hang on a frozen server.
+///
+/// ```no_run
+/// use std::time::Duration;
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let client = redis::Client::open("redis://127.0.0.1/")?;
+/// let pool = r2d2::Pool::builder()
+///     .connection_customizer(Box::new(redguard::SocketTimeouts(Duration::from_secs(2))))
+///     .build(client)?;
+/// let locker = redguard::Locker::from_pool(pool);
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct SocketTimeouts(pub Duration);
+
+impl r2d2::CustomizeConnection<Connection, RedisError> for SocketTimeouts {
+    fn on_acquire(&self, con: &mut Connection) -> RedisResult<()> {
+        con.set_read_timeout(Some(self.0))?;
+        con.set_write_timeout(Some(self.0))
     }
 }

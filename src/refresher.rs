@@ -1,9 +1,10 @@
 //! One background thread per locker that keeps auto-refreshed locks alive.
 //!
 //! Each lock is refreshed at about a third of its TTL; every lock due within a sixth of its
-//! TTL rides along, so all refreshes of one wake-up go out in one pipelined round trip.
-//! A lock found gone is marked lost (nothing is deleted); on a connection error the lock is
-//! tried again until it would have expired anyway, then marked lost.
+//! TTL rides along, so all refreshes of one wake-up go out in one script call: one round
+//! trip, one reply. A lock found gone is marked lost (nothing is deleted); after an error
+//! the lock is tried again, less often each time, until it would have expired anyway, and
+//! then it is marked lost.
 
 use std::collections::HashMap;
 use std::io;
@@ -15,7 +16,7 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::held::Held;
 use crate::pool::Pool;
-use crate::scripts;
+use crate::scripts::{self, Refresh};
 
 pub(crate) struct Refresher {
     state: Arc<State>,
@@ -41,12 +42,49 @@ struct Entry {
     held: Arc<Held>,
     /// Set after a failed round trip: try again then instead of at the usual time.
     retry_at: Option<Instant>,
+    /// Round trips failed in a row.
+    failures: u32,
 }
 
 impl Entry {
-    fn due(&self) -> Instant {
-        self.retry_at
-            .unwrap_or_else(|| self.held.timing().refresh_at())
+    fn new(held: Arc<Held>) -> Entry {
+        Entry {
+            held,
+            retry_at: None,
+            failures: 0,
+        }
+    }
+
+    /// When to refresh: after a failure, exactly at the retry time; otherwise at a third
+    /// of the TTL, or up to a sixth of the TTL earlier to share a round trip.
+    fn due(&self) -> (Instant, Duration) {
+        match self.retry_at {
+            Some(at) => (at, Duration::ZERO),
+            None => {
+                let timing = self.held.timing();
+                (
+                    timing.refresh_at(),
+                    Duration::from_millis(timing.ttl_ms / 6),
+                )
+            }
+        }
+    }
+
+    fn succeeded(&mut self) {
+        self.retry_at = None;
+        self.failures = 0;
+    }
+
+    /// Backs off after a failure: a tenth of the TTL (10 ms to 1 s), doubling each time,
+    /// never more than a third of the TTL.
+    fn failed(&mut self, now: Instant) {
+        let ttl = Duration::from_millis(self.held.timing().ttl_ms);
+        let gap = (ttl / 10)
+            .clamp(Duration::from_millis(10), Duration::from_secs(1))
+            .saturating_mul(1 << self.failures.min(8))
+            .min(ttl / 3);
+        self.failures = self.failures.saturating_add(1);
+        self.retry_at = Some(now + gap);
     }
 }
 
@@ -66,11 +104,8 @@ impl Refresher {
     /// Keeps `held` alive from now on, until [`remove`](Self::remove) or until it is lost.
     pub(crate) fn add(&self, held: Arc<Held>) -> io::Result<()> {
         self.start()?;
-        let entry = Entry {
-            held,
-            retry_at: None,
-        };
-        let due = entry.due();
+        let entry = Entry::new(held);
+        let (due, _) = entry.due();
         let mut schedule = self.state.schedule.lock();
         schedule.entries.insert(entry.held.id, entry);
         self.wake_if_before(&schedule, due);
@@ -85,8 +120,8 @@ impl Refresher {
     pub(crate) fn rescheduled(&self, id: u64) {
         let mut schedule = self.state.schedule.lock();
         if let Some(entry) = schedule.entries.get_mut(&id) {
-            entry.retry_at = None;
-            let due = entry.due();
+            entry.succeeded();
+            let (due, _) = entry.due();
             self.wake_if_before(&schedule, due);
         }
     }
@@ -161,8 +196,7 @@ impl Schedule {
             if entry.held.is_lost() {
                 return false;
             }
-            let due = entry.due();
-            let slack = Duration::from_millis(entry.held.timing().ttl_ms / 6);
+            let (due, slack) = entry.due();
             if due.checked_sub(slack).is_none_or(|early| early <= now) {
                 batch.push(Arc::clone(&entry.held));
             } else {
@@ -174,18 +208,23 @@ impl Schedule {
     }
 }
 
-/// One pipelined round trip for the whole batch, then the bookkeeping, without holding the
+/// One round trip for the whole batch, then the bookkeeping, without holding the
 /// schedule's lock across the I/O.
 fn refresh(state: &State, pool: &Pool, batch: &[Arc<Held>]) {
     let ttls: Vec<u64> = batch.iter().map(|held| held.timing().ttl_ms).collect();
-    let sent_at = Instant::now();
-    let locks = batch
+    let locks: Vec<Refresh<'_>> = batch
         .iter()
         .zip(&ttls)
-        .map(|(held, &ttl)| (held.keys.as_slice(), held.value.as_str(), ttl));
+        .map(|(held, &ttl_ms)| Refresh {
+            keys: &held.keys,
+            value: &held.value,
+            ttl_ms,
+        })
+        .collect();
+    let sent_at = Instant::now();
     let result = pool
         .get()
-        .and_then(|mut con| Ok(scripts::refresh_batch(&mut con, locks)?));
+        .and_then(|mut con| Ok(scripts::refresh(&mut con, &locks)?));
 
     let mut schedule = state.schedule.lock();
     match result {
@@ -194,7 +233,7 @@ fn refresh(state: &State, pool: &Pool, batch: &[Arc<Held>]) {
                 if still_held {
                     held.refreshed(sent_at, ttl);
                     if let Some(entry) = schedule.entries.get_mut(&held.id) {
-                        entry.retry_at = None;
+                        entry.succeeded();
                     }
                 } else {
                     held.mark_lost();
@@ -208,9 +247,7 @@ fn refresh(state: &State, pool: &Pool, batch: &[Arc<Held>]) {
                 if held.is_lost() {
                     schedule.entries.remove(&held.id);
                 } else if let Some(entry) = schedule.entries.get_mut(&held.id) {
-                    let gap = Duration::from_millis(held.timing().ttl_ms / 10)
-                        .clamp(Duration::from_millis(10), Duration::from_secs(1));
-                    entry.retry_at = Some(now + gap);
+                    entry.failed(now);
                 }
             }
         }

@@ -47,8 +47,10 @@ impl Retry {
 
     /// Wait `min`, then twice as long each time up to `max`, each delay drawn at random
     /// from the upper half of that step (jitter, so that waiters do not retry in lockstep).
-    /// A `max` below `min` is taken as `min`.
+    /// A `min` under 1 ms is taken as 1 ms (from zero it could never grow), a `max` below
+    /// `min` as `min`.
     pub fn exponential(min: Duration, max: Duration) -> Self {
+        let min = min.max(Duration::from_millis(1));
         Retry {
             kind: Kind::Exponential {
                 min,
@@ -191,6 +193,10 @@ mod tests {
         assert_eq!(
             Retry::exponential(10 * MS, MS),
             Retry::exponential(10 * MS, 10 * MS)
+        );
+        assert_eq!(
+            Retry::exponential(Duration::ZERO, 8 * MS),
+            Retry::exponential(MS, 8 * MS)
         );
     }
 }

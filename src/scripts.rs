@@ -6,7 +6,9 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::{Connection, ErrorKind, RedisResult, Script, ServerErrorKind, Value};
+use redis::{ErrorKind, RedisError, RedisResult, Script, Value};
+
+use crate::pool::Conn;
 
 static ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/acquire.lua")));
@@ -29,79 +31,71 @@ pub(crate) enum Acquired {
 
 /// One all-or-nothing attempt to take `keys`; see `lua/acquire.lua`.
 pub(crate) fn acquire(
-    con: &mut Connection,
+    con: &mut Conn,
     keys: &[String],
     value: &str,
     token_len: usize,
     ttl_ms: u64,
 ) -> RedisResult<Acquired> {
-    let reply: Value = ACQUIRE
-        .key(keys)
-        .arg(value)
-        .arg(token_len)
-        .arg(ttl_ms)
-        .invoke(con)?;
-    Ok(match reply {
-        Value::Int(1) => Acquired::Yes,
-        Value::Int(0) => Acquired::HeldElsewhere,
-        other => {
-            let (key, kind) = redis::from_redis_value(other)?;
-            Acquired::WrongType { key, kind }
-        }
+    con.run(|con| {
+        let reply: Value = ACQUIRE
+            .key(keys)
+            .arg(value)
+            .arg(token_len)
+            .arg(ttl_ms)
+            .invoke(con)?;
+        Ok(match reply {
+            Value::Int(1) => Acquired::Yes,
+            Value::Int(0) => Acquired::HeldElsewhere,
+            other => {
+                let (key, kind) = redis::from_redis_value(other)?;
+                Acquired::WrongType { key, kind }
+            }
+        })
     })
 }
 
-/// Sets the TTL of `keys` if every one still holds `value`; `false` when not held.
-pub(crate) fn refresh(
-    con: &mut Connection,
-    keys: &[String],
-    value: &str,
-    ttl_ms: u64,
-) -> RedisResult<bool> {
-    REFRESH.key(keys).arg(value).arg(ttl_ms).invoke(con)
+/// One lock for [`refresh`]: its keys, its value and the TTL to set.
+pub(crate) struct Refresh<'a> {
+    pub(crate) keys: &'a [String],
+    pub(crate) value: &'a str,
+    pub(crate) ttl_ms: u64,
 }
 
-/// Refreshes many locks in one pipelined round trip; one `bool` per lock, as in
-/// [`refresh`]. An empty batch sends nothing.
-pub(crate) fn refresh_batch<'a>(
-    con: &mut Connection,
-    locks: impl Iterator<Item = (&'a [String], &'a str, u64)>,
-) -> RedisResult<Vec<bool>> {
-    let mut pipe = redis::pipe();
-    for (keys, value, ttl_ms) in locks {
-        pipe.cmd("EVALSHA")
-            .arg(REFRESH.get_hash())
-            .arg(keys.len())
-            .arg(keys)
-            .arg(value)
-            .arg(ttl_ms);
-    }
-    if pipe.is_empty() {
+/// Sets the TTL of each lock whose keys all still hold its value, in one script call (one
+/// reply, so one I/O bound however many locks); one `bool` per lock, `false` when not
+/// held. An empty batch sends nothing.
+pub(crate) fn refresh(con: &mut Conn, locks: &[Refresh<'_>]) -> RedisResult<Vec<bool>> {
+    if locks.is_empty() {
         return Ok(Vec::new());
     }
-    // A pipeline does not load scripts on NOSCRIPT by itself: load, then send it again.
-    match pipe.query(con) {
-        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-            REFRESH.load(con)?;
-            pipe.query(con)
-        }
-        result => result,
+    let mut invocation = REFRESH.prepare_invoke();
+    for lock in locks {
+        invocation.key(lock.keys);
+        invocation
+            .arg(lock.keys.len())
+            .arg(lock.value)
+            .arg(lock.ttl_ms);
     }
+    let held: Vec<bool> = con.run(|con| invocation.invoke(con))?;
+    if held.len() != locks.len() {
+        return Err(RedisError::from((
+            ErrorKind::UnexpectedReturnType,
+            "refresh script answered for a different number of locks",
+        )));
+    }
+    Ok(held)
 }
 
 /// Deletes `keys` if every one still holds `value`; `false` when not held.
-pub(crate) fn release(con: &mut Connection, keys: &[String], value: &str) -> RedisResult<bool> {
-    RELEASE.key(keys).arg(value).invoke(con)
+pub(crate) fn release(con: &mut Conn, keys: &[String], value: &str) -> RedisResult<bool> {
+    con.run(|con| RELEASE.key(keys).arg(value).invoke(con))
 }
 
 /// The shortest remaining TTL of `keys` if every one still holds `value`; `None` when not
 /// held. A lock whose keys have no TTL at all (someone ran PERSIST) reports `Duration::MAX`.
-pub(crate) fn ttl(
-    con: &mut Connection,
-    keys: &[String],
-    value: &str,
-) -> RedisResult<Option<Duration>> {
-    let ms: i64 = TTL.key(keys).arg(value).invoke(con)?;
+pub(crate) fn ttl(con: &mut Conn, keys: &[String], value: &str) -> RedisResult<Option<Duration>> {
+    let ms: i64 = con.run(|con| TTL.key(keys).arg(value).invoke(con))?;
     Ok(match ms {
         -2 => None,
         -1 => Some(Duration::MAX),
