@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use redguard::{Error, LockOptions, Locker};
+use redguard::{Error, LockOptions, Locker, SocketTimeouts};
 
 use crate::server::{RedisServer, free_port};
 
@@ -103,7 +103,7 @@ fn refresher_rides_out_a_pause_shorter_than_the_ttl() {
 }
 
 #[test]
-fn refresher_marks_lost_when_the_server_stays_away_past_the_ttl() {
+fn guard_is_lost_once_its_ttl_passes_while_the_server_is_away() {
     let server = RedisServer::start();
     let locker = tight().build(server.url()).unwrap();
     let guard = locker
@@ -125,4 +125,80 @@ fn refresher_marks_lost_when_the_server_stays_away_past_the_ttl() {
     let (result, took) = timed(|| guard.release());
     assert!(matches!(result, Err(Error::LockLost)), "{result:?}");
     assert!(took < LIMIT, "release took {took:?}");
+}
+
+#[test]
+fn dropping_guards_and_locker_is_bounded_while_the_refresher_is_stuck() {
+    let server = RedisServer::start();
+    let locker = tight().pool_size(4).build(server.url()).unwrap();
+    let options = LockOptions::default().ttl(Duration::from_millis(900));
+    let guards: Vec<_> = (0..40)
+        .map(|i| {
+            locker
+                .lock_with(&[format!("k{i}")], options.clone())
+                .unwrap()
+        })
+        .collect();
+    server.pause();
+    std::thread::sleep(Duration::from_millis(400)); // the refresher is now waiting on Redis
+
+    // Each drop waits at most a checkout and an I/O timeout; dropped in parallel, the
+    // guards take about one such wait, and the locker then joins its refresher, whose
+    // batch is one request with one reply, so one I/O timeout too.
+    let (_, took) = timed(|| {
+        let droppers: Vec<_> = guards
+            .into_iter()
+            .map(|guard| std::thread::spawn(move || drop(guard)))
+            .collect();
+        droppers.into_iter().for_each(|d| d.join().unwrap());
+    });
+    assert!(took < LIMIT, "dropping the guards took {took:?}");
+    let (_, took) = timed(|| drop(locker));
+    assert!(took < LIMIT, "dropping the locker took {took:?}");
+    server.resume();
+}
+
+#[test]
+fn request_that_failed_mid_write_does_not_poison_the_pool() {
+    let server = RedisServer::start();
+    let locker = tight().pool_size(1).build(server.url()).unwrap();
+    server.query::<()>(&["SET", "x", "someone-else"]);
+
+    // Far more than the socket buffers hold: the write times out half done.
+    server.pause();
+    let huge = LockOptions::default().metadata("m".repeat(64 << 20));
+    let result = locker.lock_with(&["y"], huge);
+    assert!(matches!(result, Err(Error::Redis(_))), "{result:?}");
+    server.resume();
+
+    // The only connection must not be reused with half a request on it.
+    let result = locker.try_lock(&["x"]);
+    assert!(matches!(result, Ok(None)), "{result:?}");
+    assert_eq!(server.query::<String>(&["GET", "x"]), "someone-else");
+}
+
+#[test]
+fn given_pool_with_socket_timeouts_errs_within_the_bounds_and_recovers() {
+    let server = RedisServer::start();
+    let client = redis::Client::open(server.url()).unwrap();
+    let pool = r2d2::Pool::builder()
+        .max_size(1)
+        .connection_timeout(Duration::from_millis(600))
+        .connection_customizer(Box::new(SocketTimeouts(Duration::from_millis(300))))
+        .build(client)
+        .unwrap();
+    let locker = Locker::from_pool(pool);
+    server.query::<()>(&["SET", "x", "someone-else"]);
+    server.pause();
+
+    let (result, took) = timed(|| locker.try_lock(&["k"]));
+    assert!(
+        matches!(result, Err(Error::Redis(_) | Error::Pool(_))),
+        "{result:?}"
+    );
+    assert!(took < LIMIT, "try_lock took {took:?}");
+
+    server.resume();
+    let result = locker.try_lock(&["x"]);
+    assert!(matches!(result, Ok(None)), "{result:?}");
 }

@@ -157,28 +157,43 @@ fn auto_refresh_keeps_many_locks_alive() {
     assert_eq!(server.query::<u32>(&["DBSIZE"]), 0);
 }
 
+/// A TTL long enough that the local clock does not call the lock lost during the test:
+/// only the refresher (first refresh at a third of it) can.
+const LONG: Duration = Duration::from_secs(3);
+
 #[test]
-fn key_deleted_behind_the_guards_back_is_seen_lost() {
+fn key_deleted_behind_the_guards_back_is_seen_lost_by_the_refresher() {
     let server = RedisServer::start();
     let guard = locker(&server)
-        .lock_with(
-            &["k"],
-            LockOptions::default().ttl(Duration::from_millis(300)),
-        )
+        .lock_with(&["k"], LockOptions::default().ttl(LONG))
         .unwrap();
     server.query::<()>(&["DEL", "k"]);
 
-    eventually(
-        Duration::from_secs(2),
-        "the refresher sees the loss",
-        || guard.is_lost(),
-    );
+    eventually(LONG / 2, "the refresher sees the loss", || guard.is_lost());
     assert_eq!(server.query::<u32>(&["EXISTS", "k"]), 0, "never recreated");
     assert!(matches!(guard.release(), Err(Error::LockLost)));
 }
 
 #[test]
-fn refresher_never_deletes_a_lock_taken_over() {
+fn refresher_never_touches_a_lock_taken_over() {
+    let server = RedisServer::start();
+    let guard = locker(&server)
+        .lock_with(&["k"], LockOptions::default().ttl(LONG))
+        .unwrap();
+    server.query::<()>(&["SET", "k", "new-owner"]);
+
+    eventually(LONG / 2, "the refresher sees the loss", || guard.is_lost());
+    drop(guard);
+    assert_eq!(server.query::<String>(&["GET", "k"]), "new-owner");
+    assert_eq!(
+        server.query::<i64>(&["PTTL", "k"]),
+        -1,
+        "not extended, not deleted"
+    );
+}
+
+#[test]
+fn refresher_reloads_its_script_after_a_script_flush() {
     let server = RedisServer::start();
     let guard = locker(&server)
         .lock_with(
@@ -186,15 +201,41 @@ fn refresher_never_deletes_a_lock_taken_over() {
             LockOptions::default().ttl(Duration::from_millis(300)),
         )
         .unwrap();
-    server.query::<()>(&["SET", "k", "new-owner"]);
+    server.query::<()>(&["SCRIPT", "FLUSH"]);
+    let calls = server.evalsha_calls();
 
-    eventually(
-        Duration::from_secs(2),
-        "the refresher sees the loss",
-        || guard.is_lost(),
-    );
-    drop(guard);
-    assert_eq!(server.query::<String>(&["GET", "k"]), "new-owner");
+    thread::sleep(Duration::from_secs(1)); // three TTLs
+    assert!(!guard.is_lost());
+    assert!(server.evalsha_calls() > calls, "refreshed after the flush");
+    guard.release().unwrap();
+}
+
+#[test]
+fn refresher_backs_off_when_redis_refuses() {
+    let server = RedisServer::start();
+    let guard = locker(&server)
+        .lock_with(&["k"], LockOptions::default().ttl(LONG))
+        .unwrap();
+    server.query::<()>(&["ACL", "SETUSER", "default", "-evalsha"]);
+    let rejected = || {
+        let info: String = server.query(&["INFO", "commandstats"]);
+        info.lines()
+            .find_map(|line| line.strip_prefix("cmdstat_evalsha:"))
+            .and_then(|stats| {
+                stats
+                    .split(',')
+                    .find_map(|s| s.strip_prefix("rejected_calls="))
+            })
+            .map_or(0, |n| n.parse::<u64>().unwrap())
+    };
+
+    eventually(LONG / 2, "the first refresh is refused", || rejected() > 0);
+    let before = rejected();
+    thread::sleep(Duration::from_secs(1));
+    // Retries start at a tenth of the TTL and double: a handful in a second, not thousands.
+    let retries = rejected() - before;
+    assert!(retries <= 4, "{retries} refused refreshes in 1 s");
+    assert!(!guard.is_lost(), "a refused refresh is not a lost lock");
 }
 
 #[test]
