@@ -17,7 +17,24 @@ use redguard::{LockOptions, Locker};
 #[path = "../tests/it/server.rs"]
 mod server;
 
-fn main() -> Result<(), Box<dyn Error>> {
+fn main() -> std::process::ExitCode {
+    match demo() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // Say what happened, then each cause.
+            let mut message = format!("error: {e}");
+            let mut cause = e.source();
+            while let Some(c) = cause {
+                message += &format!("\n  caused by: {c}");
+                cause = c.source();
+            }
+            eprintln!("{message}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn demo() -> Result<(), Box<dyn Error>> {
     // Keep the throwaway server (if any) alive until the end of main.
     let (url, _server) = match std::env::var("REDIS_URL") {
         Ok(url) => (url, None),

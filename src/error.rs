@@ -40,8 +40,9 @@ impl fmt::Display for Error {
                  (retry later, or allow a longer timeout)",
             ),
             Error::LockLost => f.write_str(
-                "lock lost: the keys expired or were taken by another owner, \
-                 so the critical section may not have been exclusive (use a longer ttl or auto-refresh)",
+                "lock lost: the keys expired or were changed by someone else, so the critical \
+                 section may not have been exclusive (check is_lost() before each step; if they \
+                 expired, use a longer ttl)",
             ),
             Error::InvalidInput(why) => write!(f, "invalid lock request: {why}"),
             Error::WrongType { key, kind } => write!(

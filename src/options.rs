@@ -71,7 +71,8 @@ impl LockOptions {
 
     /// When to try again while another owner holds a key.
     ///
-    /// Defaults to [`Retry::default()`]: exponential backoff from 2 ms to 100 ms, no limit.
+    /// Defaults to [`Retry::default()`]: exponential backoff in steps from 2 ms to 100 ms
+    /// (each delay drawn from the upper half of its step), no limit.
     pub fn retry(mut self, retry: Retry) -> Self {
         self.retry = retry;
         self

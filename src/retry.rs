@@ -79,8 +79,8 @@ impl Retry {
     }
 }
 
-/// Exponential backoff from 2 ms up to 100 ms, without a limit: what [`Locker::lock`]
-/// uses.
+/// Exponential backoff in steps from 2 ms up to 100 ms (the first delay 1-2 ms), without a
+/// limit: what [`Locker::lock`] uses.
 ///
 /// [`Locker::lock`]: crate::Locker::lock
 impl Default for Retry {

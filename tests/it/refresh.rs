@@ -217,18 +217,18 @@ fn refresher_backs_off_when_redis_refuses() {
         .lock_with(&["k"], LockOptions::default().ttl(LONG))
         .unwrap();
     server.query::<()>(&["ACL", "SETUSER", "default", "-evalsha"]);
+    // Refusals counted by the server's ACL log (entries of one kind add up in `count`).
     let rejected = || {
-        let info: String = server.query(&["INFO", "commandstats"]);
-        info.lines()
-            .find_map(|line| line.strip_prefix("cmdstat_evalsha:"))
-            .and_then(|stats| {
-                stats
-                    .split(',')
-                    .find_map(|s| s.strip_prefix("rejected_calls="))
+        let log: Vec<Vec<redis::Value>> = server.query(&["ACL", "LOG"]);
+        log.iter()
+            .filter_map(|entry| {
+                let at = entry
+                    .iter()
+                    .position(|v| *v == redis::Value::BulkString(b"count".to_vec()))?;
+                redis::from_redis_value_ref::<u64>(entry.get(at + 1)?).ok()
             })
-            .map_or(0, |n| n.parse::<u64>().unwrap())
+            .sum::<u64>()
     };
-
     eventually(LONG / 2, "the first refresh is refused", || rejected() > 0);
     let before = rejected();
     thread::sleep(Duration::from_secs(1));
@@ -252,6 +252,96 @@ fn manual_refresh_sets_the_ttl_the_refresher_keeps() {
     assert!(!guard.is_lost());
     let ttl = guard.ttl().unwrap().expect("held");
     assert!(ttl <= Duration::from_millis(300), "{ttl:?}");
+}
+
+/// `release` must report a loss it only learns from the release script itself
+/// (the guard did not know beforehand).
+#[test]
+fn release_reports_lost_when_only_the_script_sees_it() {
+    let server = RedisServer::start();
+    let locker = locker(&server);
+    let manual = || {
+        LockOptions::default()
+            .ttl(Duration::from_secs(60))
+            .auto_refresh(false)
+    };
+
+    let guard = locker.lock_with(&["k"], manual()).unwrap();
+    server.query::<()>(&["DEL", "k"]);
+    assert!(!guard.is_lost(), "nothing told the guard yet");
+    assert!(matches!(guard.release(), Err(Error::LockLost)));
+
+    let guard = locker.lock_with(&["j"], manual()).unwrap();
+    server.query::<()>(&["SET", "j", "someone-else"]);
+    assert!(!guard.is_lost());
+    assert!(matches!(guard.release(), Err(Error::LockLost)));
+    assert_eq!(server.query::<String>(&["GET", "j"]), "someone-else");
+}
+
+/// A refresh extends every key of a multi-key lock, not just the first.
+#[test]
+fn refresh_extends_every_key_of_a_multi_key_lock() {
+    let server = RedisServer::start();
+    let locker = locker(&server);
+
+    // By hand.
+    let guard = locker
+        .lock_with(
+            &["a", "b", "c"],
+            LockOptions::default()
+                .ttl(Duration::from_secs(1))
+                .auto_refresh(false),
+        )
+        .unwrap();
+    guard.refresh(Duration::from_secs(60)).unwrap();
+    for key in ["a", "b", "c"] {
+        assert!(server.query::<i64>(&["PTTL", key]) > 30_000, "{key}");
+    }
+    drop(guard);
+
+    // By the refresher: after several TTLs, every key is still there.
+    let guard = locker
+        .lock_with(
+            &["x", "y", "z"],
+            LockOptions::default().ttl(Duration::from_millis(300)),
+        )
+        .unwrap();
+    thread::sleep(Duration::from_secs(1));
+    assert_eq!(server.query::<u32>(&["EXISTS", "x", "y", "z"]), 3);
+    assert!(!guard.is_lost());
+}
+
+/// In one batched refresh, a lock found gone must not make the refresher
+/// report the other locks of the batch as gone (nor skip extending them).
+#[test]
+fn a_lost_lock_in_a_refresh_batch_does_not_affect_the_others() {
+    let server = RedisServer::start();
+    let locker = locker(&server);
+    let ttl = Duration::from_secs(3);
+    // Taken together, so they are due together and share the refresher's round trips.
+    let guards: Vec<_> = (0..20)
+        .map(|i| {
+            locker
+                .lock_with(&[format!("k{i}")], LockOptions::default().ttl(ttl))
+                .unwrap()
+        })
+        .collect();
+    let (gone, live) = guards.split_at(10);
+    for i in 0..10 {
+        server.query::<()>(&["DEL", &format!("k{i}")]);
+    }
+
+    eventually(ttl / 2, "the refresher sees the deleted locks", || {
+        gone.iter().all(|g| g.is_lost())
+    });
+    thread::sleep(ttl); // more refreshes of the live locks, past their first TTL
+    for (i, guard) in live.iter().enumerate() {
+        assert!(!guard.is_lost(), "live lock {} reported lost", i + 10);
+    }
+    let keys: Vec<String> = (10..20).map(|i| format!("k{i}")).collect();
+    let mut exists = vec!["EXISTS"];
+    exists.extend(keys.iter().map(String::as_str));
+    assert_eq!(server.query::<u32>(&exists), 10);
 }
 
 /// Threads of this process named like the refresher (Linux truncates names to 15 bytes).
@@ -292,14 +382,16 @@ fn refresher_thread_per_locker_child() {
     let options = LockOptions::default().ttl(Duration::from_secs(3));
 
     let first = Locker::connect(server.url()).unwrap();
+    // A thread exists once spawned, but names itself only when it runs: count them all.
+    let tasks = || std::fs::read_dir("/proc/self/task").unwrap().count();
+    let before = tasks();
     let manual = first
         .lock_with(&["m"], options.clone().auto_refresh(false))
         .unwrap();
-    assert_eq!(
-        refresher_threads(),
-        0,
-        "started lazily, not for manual guards"
-    );
+    assert_eq!(tasks(), before, "started lazily, not for manual guards");
+    let threads = |n: usize, what: &str| {
+        eventually(Duration::from_secs(5), what, || refresher_threads() == n);
+    };
 
     let guards: Vec<_> = (0..50)
         .map(|i| {
@@ -308,11 +400,11 @@ fn refresher_thread_per_locker_child() {
                 .unwrap()
         })
         .collect();
-    assert_eq!(refresher_threads(), 1, "one thread for 50 guards");
+    threads(1, "one thread for 50 guards");
 
     let second = Locker::connect(server.url()).unwrap();
     let other = second.lock_with(&["b"], options.clone()).unwrap();
-    assert_eq!(refresher_threads(), 2, "one per locker");
+    threads(2, "one per locker");
 
     drop(first);
     assert_eq!(
@@ -321,7 +413,7 @@ fn refresher_thread_per_locker_child() {
         "guards keep their locker's refresher"
     );
     drop((guards, manual));
-    assert_eq!(refresher_threads(), 1, "joined with the last guard");
+    threads(1, "joined with the last guard");
     drop((second, other));
-    assert_eq!(refresher_threads(), 0);
+    threads(0, "joined with the last locker");
 }

@@ -6,9 +6,9 @@ use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-const INSTALL_HINT: &str = "redis-server was not found on PATH; the tests and the demo start \
-     their own private servers. Install it: `apt-get install -y redis-server` (Debian, Ubuntu), \
-     `brew install redis` (macOS), or set REDIS_SERVER to its path";
+const INSTALL_HINT: &str = "the tests and the demo start their own private redis-server. \
+     Install it: `apt-get install -y redis-server` (Debian, Ubuntu), `brew install redis` \
+     (macOS), or set REDIS_SERVER to its path";
 
 pub struct RedisServer {
     child: Child,
@@ -31,7 +31,9 @@ impl RedisServer {
                 .spawn();
             let child = match child {
                 Ok(child) => child,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!("{INSTALL_HINT}"),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    panic!("{binary} was not found: {INSTALL_HINT}")
+                }
                 Err(e) => panic!("could not start {binary}: {e}"),
             };
             let mut server = RedisServer { child, port };
