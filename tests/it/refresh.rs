@@ -9,7 +9,11 @@ use crate::server::RedisServer;
 use crate::{eventually, locker};
 
 fn manual(ttl: Duration) -> LockOptions {
-    LockOptions::default().ttl(ttl).auto_refresh(false)
+    auto(ttl).auto_refresh(false)
+}
+
+fn auto(ttl: Duration) -> LockOptions {
+    LockOptions::default().ttl(ttl)
 }
 
 #[test]
@@ -108,10 +112,7 @@ fn lock_without_refresh_is_lost_once_its_ttl_has_passed() {
 fn auto_refresh_keeps_a_300ms_lock_alive_for_2s() {
     let server = RedisServer::start();
     let guard = locker(&server)
-        .lock_with(
-            &["k"],
-            LockOptions::default().ttl(Duration::from_millis(300)),
-        )
+        .lock_with(&["k"], auto(Duration::from_millis(300)))
         .unwrap();
 
     let calls = server.evalsha_calls();
@@ -140,7 +141,7 @@ fn auto_refresh_keeps_a_300ms_lock_alive_for_2s() {
 fn auto_refresh_keeps_many_locks_alive() {
     let server = RedisServer::start();
     let locker = locker(&server);
-    let options = LockOptions::default().ttl(Duration::from_millis(300));
+    let options = auto(Duration::from_millis(300));
     let guards: Vec<_> = (0..500)
         .map(|i| {
             locker
@@ -164,9 +165,7 @@ const LONG: Duration = Duration::from_secs(3);
 #[test]
 fn key_deleted_behind_the_guards_back_is_seen_lost_by_the_refresher() {
     let server = RedisServer::start();
-    let guard = locker(&server)
-        .lock_with(&["k"], LockOptions::default().ttl(LONG))
-        .unwrap();
+    let guard = locker(&server).lock_with(&["k"], auto(LONG)).unwrap();
     server.query::<()>(&["DEL", "k"]);
 
     eventually(LONG / 2, "the refresher sees the loss", || guard.is_lost());
@@ -177,9 +176,7 @@ fn key_deleted_behind_the_guards_back_is_seen_lost_by_the_refresher() {
 #[test]
 fn refresher_never_touches_a_lock_taken_over() {
     let server = RedisServer::start();
-    let guard = locker(&server)
-        .lock_with(&["k"], LockOptions::default().ttl(LONG))
-        .unwrap();
+    let guard = locker(&server).lock_with(&["k"], auto(LONG)).unwrap();
     server.query::<()>(&["SET", "k", "new-owner"]);
 
     eventually(LONG / 2, "the refresher sees the loss", || guard.is_lost());
@@ -196,10 +193,7 @@ fn refresher_never_touches_a_lock_taken_over() {
 fn refresher_reloads_its_script_after_a_script_flush() {
     let server = RedisServer::start();
     let guard = locker(&server)
-        .lock_with(
-            &["k"],
-            LockOptions::default().ttl(Duration::from_millis(300)),
-        )
+        .lock_with(&["k"], auto(Duration::from_millis(300)))
         .unwrap();
     server.query::<()>(&["SCRIPT", "FLUSH"]);
     let calls = server.evalsha_calls();
@@ -213,9 +207,7 @@ fn refresher_reloads_its_script_after_a_script_flush() {
 #[test]
 fn refresher_backs_off_when_redis_refuses() {
     let server = RedisServer::start();
-    let guard = locker(&server)
-        .lock_with(&["k"], LockOptions::default().ttl(LONG))
-        .unwrap();
+    let guard = locker(&server).lock_with(&["k"], auto(LONG)).unwrap();
     server.query::<()>(&["ACL", "SETUSER", "default", "-evalsha"]);
     // Refusals counted by the server's ACL log (entries of one kind add up in `count`).
     let rejected = || {
@@ -242,7 +234,7 @@ fn refresher_backs_off_when_redis_refuses() {
 fn manual_refresh_sets_the_ttl_the_refresher_keeps() {
     let server = RedisServer::start();
     let guard = locker(&server)
-        .lock_with(&["k"], LockOptions::default().ttl(Duration::from_secs(60)))
+        .lock_with(&["k"], auto(Duration::from_secs(60)))
         .unwrap();
     guard.refresh(Duration::from_millis(300)).unwrap();
 
@@ -260,11 +252,7 @@ fn manual_refresh_sets_the_ttl_the_refresher_keeps() {
 fn release_reports_lost_when_only_the_script_sees_it() {
     let server = RedisServer::start();
     let locker = locker(&server);
-    let manual = || {
-        LockOptions::default()
-            .ttl(Duration::from_secs(60))
-            .auto_refresh(false)
-    };
+    let manual = || auto(Duration::from_secs(60)).auto_refresh(false);
 
     let guard = locker.lock_with(&["k"], manual()).unwrap();
     server.query::<()>(&["DEL", "k"]);
@@ -288,9 +276,7 @@ fn refresh_extends_every_key_of_a_multi_key_lock() {
     let guard = locker
         .lock_with(
             &["a", "b", "c"],
-            LockOptions::default()
-                .ttl(Duration::from_secs(1))
-                .auto_refresh(false),
+            auto(Duration::from_secs(1)).auto_refresh(false),
         )
         .unwrap();
     guard.refresh(Duration::from_secs(60)).unwrap();
@@ -301,10 +287,7 @@ fn refresh_extends_every_key_of_a_multi_key_lock() {
 
     // By the refresher: after several TTLs, every key is still there.
     let guard = locker
-        .lock_with(
-            &["x", "y", "z"],
-            LockOptions::default().ttl(Duration::from_millis(300)),
-        )
+        .lock_with(&["x", "y", "z"], auto(Duration::from_millis(300)))
         .unwrap();
     thread::sleep(Duration::from_secs(1));
     assert_eq!(server.query::<u32>(&["EXISTS", "x", "y", "z"]), 3);
@@ -320,11 +303,7 @@ fn a_lost_lock_in_a_refresh_batch_does_not_affect_the_others() {
     let ttl = Duration::from_secs(3);
     // Taken together, so they are due together and share the refresher's round trips.
     let guards: Vec<_> = (0..20)
-        .map(|i| {
-            locker
-                .lock_with(&[format!("k{i}")], LockOptions::default().ttl(ttl))
-                .unwrap()
-        })
+        .map(|i| locker.lock_with(&[format!("k{i}")], auto(ttl)).unwrap())
         .collect();
     let (gone, live) = guards.split_at(10);
     for i in 0..10 {
@@ -379,7 +358,7 @@ fn one_refresher_thread_per_locker_gone_with_its_guards() {
 fn refresher_thread_per_locker_child() {
     assert_eq!(std::env::var("REDGUARD_CHILD").as_deref(), Ok("1"));
     let server = RedisServer::start();
-    let options = LockOptions::default().ttl(Duration::from_secs(3));
+    let options = auto(Duration::from_secs(3));
 
     let first = Locker::connect(server.url()).unwrap();
     // A thread exists once spawned, but names itself only when it runs: count them all.
