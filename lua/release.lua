@@ -2,6 +2,7 @@
 -- KEYS: the lock keys.
 -- ARGV[1]: our value (token .. metadata).
 -- Returns 1 when released, 0 when the lock is no longer held (nothing is deleted then).
+-- Each deleted key is announced on the channel 'redguard:released:' .. key, for waiters.
 local values = redis.call('mget', unpack(KEYS))
 for i = 1, #KEYS do
   if values[i] ~= ARGV[1] then
@@ -10,4 +11,7 @@ for i = 1, #KEYS do
 end
 
 redis.call('del', unpack(KEYS))
+for _, key in ipairs(KEYS) do
+  redis.call('publish', 'redguard:released:' .. key, '')
+end
 return 1

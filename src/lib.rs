@@ -56,6 +56,7 @@ mod pool;
 mod refresher;
 mod retry;
 mod scripts;
+mod subscriber;
 mod token;
 
 pub use error::{Error, Result};

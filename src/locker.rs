@@ -1,6 +1,5 @@
 use std::fmt;
 use std::sync::Arc;
-use std::thread;
 use std::time::{Duration, Instant};
 
 use redis::{Client, IntoConnectionInfo};
@@ -10,6 +9,7 @@ use crate::options::{checked_keys, checked_token, checked_ttl};
 use crate::pool::{Bounds, Pool};
 use crate::refresher::Refresher;
 use crate::scripts::{self, Acquired};
+use crate::subscriber::Subscriber;
 use crate::token::random_token;
 use crate::{Error, LockGuard, LockOptions, Result, Retry};
 
@@ -33,6 +33,7 @@ pub(crate) struct Shared {
     pub(crate) pool: Pool,
     pub(crate) default_ttl: Duration,
     pub(crate) refresher: Refresher,
+    pub(crate) subscriber: Subscriber,
 }
 
 impl Locker {
@@ -110,6 +111,8 @@ impl Locker {
         // A timeout too long for the clock is no deadline at all.
         let deadline = options.timeout.and_then(|t| started.checked_add(t));
         let mut delays = options.retry.delays();
+        // Registered as a waiter after the first attempt that finds the keys held.
+        let mut ticket = None;
 
         loop {
             let sent_at = Instant::now();
@@ -136,7 +139,10 @@ impl Locker {
                 // One last attempt at the deadline itself.
                 delay = delay.min(left);
             }
-            thread::sleep(delay);
+            // The delay bounds the wait; a release of one of the keys ends it sooner.
+            ticket
+                .get_or_insert_with(|| self.shared.subscriber.wait_for(&keys))
+                .wait(delay);
         }
     }
 }
@@ -282,6 +288,7 @@ impl LockerBuilder {
         Locker {
             shared: Arc::new(Shared {
                 refresher: Refresher::new(pool.clone()),
+                subscriber: Subscriber::new(pool.clone()),
                 pool,
                 default_ttl: self.default_ttl,
             }),

@@ -1,6 +1,7 @@
 //! Where a locker gets its connections, with a bound on every network wait, and never a
 //! connection that lost track of its replies.
 
+use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -20,7 +21,11 @@ pub(crate) struct Bounds {
 /// A pool the locker built itself (connects bounded too), or one the caller handed over.
 #[derive(Clone)]
 pub(crate) enum Pool {
-    Own(r2d2::Pool<BoundedClient>),
+    Own {
+        pool: r2d2::Pool<BoundedClient>,
+        /// For connections outside the pool (the subscriber's).
+        connector: BoundedClient,
+    },
     Given {
         pool: r2d2::Pool<Client>,
         io: Duration,
@@ -31,41 +36,61 @@ impl Pool {
     /// A pool of `size` connections to `client`, all made before this returns, so that a
     /// wrong address or a dead server is reported here.
     pub(crate) fn build(client: Client, size: u32, bounds: Bounds) -> Result<Pool> {
+        let connector = BoundedClient { client, bounds };
         let pool = r2d2::Pool::builder()
             .max_size(size)
             // r2d2 would PING on every checkout: a round trip more per lock operation.
             // Connections that failed are dropped instead, through `has_broken`.
             .test_on_check_out(false)
             .connection_timeout(bounds.checkout)
-            .build(BoundedClient { client, bounds })?;
-        Ok(Pool::Own(pool))
+            .build(connector.clone())?;
+        Ok(Pool::Own { pool, connector })
+    }
+
+    /// A connection for one long-lived user (the subscriber), bounded like the others.
+    /// From our own pool's client it comes outside the pool, so it takes no slot from the
+    /// lock calls. A caller's pool offers no such way: it is taken from the pool, unless
+    /// the pool has a single connection.
+    pub(crate) fn dedicated(&self) -> Result<Dedicated> {
+        match self {
+            Pool::Own { connector, .. } => {
+                Ok(Dedicated::Own(r2d2::ManageConnection::connect(connector)?.con))
+            }
+            Pool::Given { pool, io } if pool.max_size() > 1 => {
+                Ok(Dedicated::Given(checkout_given(pool, *io)?))
+            }
+            Pool::Given { .. } => Err(crate::Error::InvalidInput(
+                "a pool of one connection has none to spare for the subscriber".into(),
+            )),
+        }
     }
 
     /// A connection, waiting at most the checkout timeout.
     pub(crate) fn get(&self) -> Result<Conn> {
         Ok(match self {
-            Pool::Own(pool) => Conn::Own(pool.get()?),
-            Pool::Given { pool, io } => {
-                let mut con = pool.get()?;
-                let state = PooledConnection::extensions(&con)
-                    .get::<GivenState>()
-                    .copied();
-                match state {
-                    None => {
-                        // A caller's pool may have no socket timeouts: set ours once.
-                        con.set_read_timeout(Some(*io))?;
-                        con.set_write_timeout(Some(*io))?;
-                    }
-                    // We cannot take it out of a pool we did not build: use it again only
-                    // once its replies are back in step with its requests.
-                    Some(GivenState::Broken) => resync(&mut con)?,
-                    Some(GivenState::Ready) => {}
-                }
-                PooledConnection::extensions_mut(&mut con).insert(GivenState::Ready);
-                Conn::Given(con)
-            }
+            Pool::Own { pool, .. } => Conn::Own(pool.get()?),
+            Pool::Given { pool, io } => Conn::Given(checkout_given(pool, *io)?),
         })
     }
+}
+
+/// A connection from a caller's pool, with our socket timeouts, in step.
+fn checkout_given(pool: &r2d2::Pool<Client>, io: Duration) -> Result<PooledConnection<Client>> {
+    let mut con = pool.get()?;
+    let state = PooledConnection::extensions(&con).get::<GivenState>().copied();
+    match state {
+        None => {
+            // A caller's pool may have no socket timeouts: set ours once.
+            con.set_read_timeout(Some(io))?;
+            con.set_write_timeout(Some(io))?;
+        }
+        // We cannot take it out of a pool we did not build: use it again only once its
+        // replies are back in step with its requests.
+        Some(GivenState::Broken) => resync(&mut con)?,
+        Some(GivenState::Ready) => {}
+    }
+    PooledConnection::extensions_mut(&mut con).insert(GivenState::Ready);
+    Ok(con)
 }
 
 /// What we know of a connection of a caller's pool (kept in its r2d2 extensions).
@@ -96,6 +121,7 @@ fn resync(con: &mut Connection) -> RedisResult<()> {
 
 /// A `redis::Client` whose connects and reads are bounded: r2d2's own manager for
 /// `Client` connects without a timeout, which hangs on a frozen server.
+#[derive(Clone)]
 pub(crate) struct BoundedClient {
     client: Client,
     bounds: Bounds,
@@ -159,6 +185,41 @@ impl Conn {
             }
         }
         result
+    }
+}
+
+/// A connection held by one long-lived user.
+pub(crate) enum Dedicated {
+    Own(Connection),
+    Given(PooledConnection<Client>),
+}
+
+impl Deref for Dedicated {
+    type Target = Connection;
+
+    fn deref(&self) -> &Connection {
+        match self {
+            Dedicated::Own(con) => con,
+            Dedicated::Given(con) => con,
+        }
+    }
+}
+
+impl DerefMut for Dedicated {
+    fn deref_mut(&mut self) -> &mut Connection {
+        match self {
+            Dedicated::Own(con) => con,
+            Dedicated::Given(con) => con,
+        }
+    }
+}
+
+impl Drop for Dedicated {
+    fn drop(&mut self) {
+        // It may go back to the caller's pool in any state: check it before reuse.
+        if let Dedicated::Given(con) = self {
+            PooledConnection::extensions_mut(con).insert(GivenState::Broken);
+        }
     }
 }
 

@@ -1,0 +1,415 @@
+//! Lock throughput and latency against the two-round-trip floor, on a private redis-server.
+//!
+//! ```text
+//! cargo bench                       # every workload, Markdown table on stdout
+//! BENCH_SECS=1 cargo bench          # shorter runs
+//! ```
+//!
+//! Every figure is measured in the same run as its floor, in alternating rounds, and
+//! reported as a ratio (this is a noisy 2-core machine: absolute numbers drift).
+
+use std::sync::Barrier;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redguard::{LockOptions, Locker};
+
+#[allow(dead_code)] // the tests use more of the harness than the bench does
+#[path = "../tests/it/server.rs"]
+mod server;
+
+use server::RedisServer;
+
+const ROUNDS: usize = 3;
+const THREADS: usize = 8;
+
+/// Compare-and-delete, as every Redis lock library releases.
+const UNLOCK: &str =
+    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0";
+
+fn main() {
+    let secs: f64 = std::env::var("BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2.0);
+    let span = Duration::from_secs_f64(secs);
+    let server = RedisServer::start();
+    let url = server.url();
+    let mut rows = Vec::new();
+
+    let (setup, first_lock) = fresh_locker_cost(&url);
+    let rtt = round_trip(&server, span);
+
+    // Alternate floor and workload so that drift hits both alike; keep each one's median.
+    let mut floor1 = Vec::new();
+    let mut w1 = Vec::new();
+    let mut w4 = Vec::new();
+    let mut floor8 = Vec::new();
+    let mut w2 = Vec::new();
+    let locker = Locker::builder()
+        .pool_size(THREADS as u32 + 2)
+        .build(url.as_str())
+        .expect("locker");
+    for _ in 0..ROUNDS {
+        floor1.push(run(1, span, |_| floor_cycle(&server)));
+        w1.push(run(1, span, |i| {
+            lock_cycle(&locker, vec![format!("w1:{i}")])
+        }));
+        w4.push(run(1, span, |i| {
+            lock_cycle(&locker, (0..3).map(|k| format!("w4:{i}:{k}")).collect())
+        }));
+        floor8.push(run(THREADS, span, |_| floor_cycle(&server)));
+        w2.push(run(THREADS, span, |i| {
+            lock_cycle(&locker, vec![format!("w2:{i}")])
+        }));
+    }
+    let floor1 = median(floor1);
+    let floor8 = median(floor8);
+    rows.push(row(
+        "floor: SET NX PX + EVALSHA del, 1 thread",
+        &floor1,
+        None,
+        "",
+    ));
+    rows.push(row(
+        "W1 uncontended lock+release, 1 thread",
+        &median(w1),
+        Some(&floor1),
+        ">= 0.90",
+    ));
+    rows.push(row(
+        "W4 3 keys per lock, 1 thread",
+        &median(w4),
+        Some(&floor1),
+        ">= 0.85",
+    ));
+    rows.push(row(
+        &format!("floor, {THREADS} threads, distinct keys"),
+        &floor8,
+        None,
+        "",
+    ));
+    rows.push(row(
+        &format!("W2 {THREADS} threads, distinct keys"),
+        &median(w2),
+        Some(&floor8),
+        ">= 0.90",
+    ));
+
+    let contended = handoff(&locker, span);
+    drop(locker); // W5 counts its own locker's refresher thread alone
+    let refresher = refresher_load(&server, &url);
+
+    println!("\n## redguard benchmarks\n");
+    println!(
+        "redis-server {}, {} CPUs, {secs} s per run, median of {ROUNDS} alternating rounds.\n",
+        server
+            .query::<String>(&["INFO", "server"])
+            .lines()
+            .find_map(|l| l.strip_prefix("redis_version:"))
+            .unwrap_or("?")
+            .trim(),
+        thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    println!("| workload | cycles/s | p50 µs | p99 µs | ratio to floor | target |");
+    println!("|---|---:|---:|---:|---:|---|");
+    for r in rows {
+        println!("{r}");
+    }
+    println!("\nSingle round trip (PING): p50 {:.1} µs.", micros(rtt));
+    println!(
+        "New `Locker` (pool of 16 made): {:.2} ms; its first lock + release: {:.2} ms.\n",
+        millis(setup),
+        millis(first_lock)
+    );
+    println!("{contended}\n");
+    println!("{refresher}");
+}
+
+/// Runs `cycle` on `threads` threads for `span`; each thread's cycle gets its index.
+fn run(threads: usize, span: Duration, cycle: impl Fn(usize) -> Box<dyn FnMut()> + Sync) -> Stats {
+    let start = Barrier::new(threads);
+    let samples: Vec<Vec<Duration>> = thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|i| {
+                let (start, cycle) = (&start, &cycle);
+                s.spawn(move || {
+                    let mut one = cycle(i);
+                    let mut times = Vec::with_capacity(100_000);
+                    one(); // warm up: connections, script loads
+                    start.wait();
+                    let began = Instant::now();
+                    while began.elapsed() < span {
+                        let t = Instant::now();
+                        one();
+                        times.push(t.elapsed());
+                    }
+                    times
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().expect("worker"))
+            .collect()
+    });
+    Stats::new(samples.into_iter().flatten().collect(), span)
+}
+
+fn floor_cycle(server: &RedisServer) -> Box<dyn FnMut()> {
+    let mut con = server.connection();
+    let script = redis::Script::new(UNLOCK);
+    let key = format!("floor:{}", thread_id());
+    Box::new(move || {
+        let ok: bool = redis::cmd("SET")
+            .arg(&key)
+            .arg("token")
+            .arg("NX")
+            .arg("PX")
+            .arg(30_000)
+            .query(&mut con)
+            .expect("set");
+        assert!(ok, "floor key held");
+        let deleted: i64 = script
+            .key(&key)
+            .arg("token")
+            .invoke(&mut con)
+            .expect("unlock");
+        assert_eq!(deleted, 1);
+    })
+}
+
+fn lock_cycle(locker: &Locker, keys: Vec<String>) -> Box<dyn FnMut()> {
+    let locker = locker.clone();
+    Box::new(move || {
+        let guard = locker.try_lock(&keys).expect("lock").expect("uncontended");
+        guard.release().expect("release");
+    })
+}
+
+fn thread_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// W3: 4 threads on one key, each incrementing a shared non-atomic counter.
+fn handoff(locker: &Locker, span: Duration) -> String {
+    const WAITERS: usize = 4;
+    let counter = AtomicU64::new(0);
+    let inside = AtomicBool::new(false);
+    let epoch = Instant::now();
+    // When the last holder started releasing (ns since epoch); 0 = nobody yet.
+    let released_at = AtomicU64::new(0);
+    let start = Barrier::new(WAITERS);
+    let results: Vec<(u64, Vec<Duration>, Vec<Duration>)> = thread::scope(|s| {
+        let workers: Vec<_> = (0..WAITERS)
+            .map(|_| {
+                let (counter, inside, released_at, start) =
+                    (&counter, &inside, &released_at, &start);
+                s.spawn(move || {
+                    let (mut count, mut waits, mut handoffs) = (0, Vec::new(), Vec::new());
+                    start.wait();
+                    let began = Instant::now();
+                    while began.elapsed() < span {
+                        let t = Instant::now();
+                        let guard = locker.lock(&["w3"]).expect("lock");
+                        let now = Instant::now();
+                        waits.push(now - t);
+                        let prev = released_at.load(Ordering::SeqCst);
+                        if prev != 0 {
+                            handoffs.push((now - epoch).saturating_sub(Duration::from_nanos(prev)));
+                        }
+                        assert!(!inside.swap(true, Ordering::SeqCst), "two holders");
+                        let seen = counter.load(Ordering::SeqCst);
+                        counter.store(seen + 1, Ordering::SeqCst);
+                        inside.store(false, Ordering::SeqCst);
+                        count += 1;
+                        released_at.store(epoch.elapsed().as_nanos() as u64, Ordering::SeqCst);
+                        guard.release().expect("release");
+                    }
+                    (count, waits, handoffs)
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().expect("worker"))
+            .collect()
+    });
+    let total: u64 = results.iter().map(|r| r.0).sum();
+    assert_eq!(
+        counter.load(Ordering::SeqCst),
+        total,
+        "lost updates: the lock did not exclude"
+    );
+    let per_thread: Vec<u64> = results.iter().map(|r| r.0).collect();
+    let waits = Stats::new(results.iter().flat_map(|r| r.1.clone()).collect(), span);
+    let handoffs = Stats::new(results.iter().flat_map(|r| r.2.clone()).collect(), span);
+    format!(
+        "W3 contended hand-off, {WAITERS} threads on one key: {:.0} acquisitions/s (counter = {total}, exact); \
+         wait p50 {:.0} µs / p99 {:.0} µs; release→next acquire p50 {:.0} µs / p99 {:.0} µs; \
+         per thread min {} / max {}.",
+        total as f64 / span.as_secs_f64(),
+        micros(waits.p50),
+        micros(waits.p99),
+        micros(handoffs.p50),
+        micros(handoffs.p99),
+        per_thread.iter().min().unwrap_or(&0),
+        per_thread.iter().max().unwrap_or(&0),
+    )
+}
+
+/// W5: 10,000 auto-refreshed guards (TTL 3 s) held for 10 s.
+fn refresher_load(server: &RedisServer, url: &str) -> String {
+    const GUARDS: usize = 10_000;
+    let hold = Duration::from_secs(10);
+    let locker = Locker::connect(url).expect("locker");
+    let options = LockOptions::default().ttl(Duration::from_secs(3));
+    let guards: Vec<_> = (0..GUARDS)
+        .map(|i| {
+            locker
+                .lock_with(&[format!("w5:{i}")], options.clone())
+                .expect("lock")
+        })
+        .collect();
+    let (evalsha, pexpire) = (stat(server, "evalsha"), stat(server, "pexpire"));
+    let cpu = refresher_cpu();
+    thread::sleep(hold);
+    let cpu = refresher_cpu() - cpu;
+    let round_trips = stat(server, "evalsha") - evalsha;
+    let refreshed = stat(server, "pexpire") - pexpire;
+    let lost = guards.iter().filter(|g| g.is_lost()).count();
+    let held: usize = server.query(&["DBSIZE"]);
+    format!(
+        "W5 refresher, {GUARDS} guards (TTL 3 s) held {} s: {lost} lost, {held} keys held; {} refresher thread(s); \
+         {round_trips} refresh round trips for {refreshed} key refreshes ({:.0} keys per round trip); \
+         refresher CPU {:.2}% of one core.",
+        hold.as_secs(),
+        refresher_threads(),
+        refreshed as f64 / round_trips.max(1) as f64,
+        100.0 * cpu.as_secs_f64() / hold.as_secs_f64(),
+    )
+}
+
+/// Calls of one command, from the server's own counters.
+fn stat(server: &RedisServer, command: &str) -> u64 {
+    let info: String = server.query(&["INFO", "commandstats"]);
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().expect("calls"))
+}
+
+fn refresher_tasks() -> Vec<std::path::PathBuf> {
+    std::fs::read_dir("/proc/self/task")
+        .map(|tasks| {
+            tasks
+                .filter_map(|t| t.ok().map(|t| t.path()))
+                .filter(|p| {
+                    std::fs::read_to_string(p.join("comm"))
+                        .is_ok_and(|c| c.trim_end() == "redguard-refres")
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn refresher_threads() -> usize {
+    refresher_tasks().len()
+}
+
+/// CPU time (user + system) of the refresher threads, from /proc.
+fn refresher_cpu() -> Duration {
+    let ticks: u64 = refresher_tasks()
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(p.join("stat")).ok())
+        .map(|stat| {
+            // Fields after the ")" closing the name: utime and stime are the 12th and 13th.
+            let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            fields
+                .get(11)
+                .and_then(|u| u.parse::<u64>().ok())
+                .unwrap_or(0)
+                + fields
+                    .get(12)
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .unwrap_or(0)
+        })
+        .sum();
+    Duration::from_millis(ticks * 10) // USER_HZ is 100 on Linux
+}
+
+fn fresh_locker_cost(url: &str) -> (Duration, Duration) {
+    let t = Instant::now();
+    let locker = Locker::connect(url).expect("locker");
+    let setup = t.elapsed();
+    let t = Instant::now();
+    locker
+        .lock(&["fresh"])
+        .expect("lock")
+        .release()
+        .expect("release");
+    (setup, t.elapsed())
+}
+
+/// The median of a plain PING round trip.
+fn round_trip(server: &RedisServer, span: Duration) -> Duration {
+    let stats = run(1, span / 2, |_| {
+        let mut con = server.connection();
+        Box::new(move || {
+            let _: String = redis::cmd("PING").query(&mut con).expect("ping");
+        })
+    });
+    stats.p50
+}
+
+struct Stats {
+    rate: f64,
+    p50: Duration,
+    p99: Duration,
+}
+
+impl Stats {
+    fn new(mut samples: Vec<Duration>, span: Duration) -> Stats {
+        samples.sort_unstable();
+        let at = |q: f64| {
+            samples
+                .get(((samples.len() as f64 - 1.0) * q) as usize)
+                .copied()
+                .unwrap_or_default()
+        };
+        Stats {
+            rate: samples.len() as f64 / span.as_secs_f64(),
+            p50: at(0.5),
+            p99: at(0.99),
+        }
+    }
+}
+
+fn median(mut runs: Vec<Stats>) -> Stats {
+    runs.sort_by(|a, b| a.rate.total_cmp(&b.rate));
+    runs.swap_remove(runs.len() / 2)
+}
+
+fn row(name: &str, stats: &Stats, floor: Option<&Stats>, target: &str) -> String {
+    let ratio = floor.map_or("1 (floor)".to_string(), |f| {
+        format!("{:.2}", stats.rate / f.rate)
+    });
+    format!(
+        "| {name} | {:.0} | {:.0} | {:.0} | {ratio} | {target} |",
+        stats.rate,
+        micros(stats.p50),
+        micros(stats.p99)
+    )
+}
+
+fn micros(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+fn millis(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
