@@ -28,6 +28,26 @@ const THREADS: usize = 8;
 const UNLOCK: &str =
     "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0";
 
+/// CPU time (user + system) a process has used, from /proc.
+fn cpu_of(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    ticks(&stat)
+}
+
+/// utime + stime of a /proc `stat` line: the 12th and 13th fields after the ")" closing
+/// the name, in ticks of 10 ms (USER_HZ is 100 on Linux).
+fn ticks(stat: &str) -> Duration {
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let field = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    Duration::from_millis((field(11) + field(12)) * 10)
+}
+
 fn main() {
     let secs: f64 = std::env::var("BENCH_SECS")
         .ok()
@@ -35,6 +55,7 @@ fn main() {
         .unwrap_or(2.0);
     let span = Duration::from_secs_f64(secs);
     let server = RedisServer::start();
+    let _ = SERVER_PID.set(server.pid());
     let url = server.url();
     let mut rows = Vec::new();
 
@@ -112,8 +133,10 @@ fn main() {
             .trim(),
         thread::available_parallelism().map_or(0, |n| n.get())
     );
-    println!("| workload | cycles/s | p50 µs | p99 µs | ratio to floor | target |");
-    println!("|---|---:|---:|---:|---:|---|");
+    println!(
+        "| workload | cycles/s | p50 µs | p99 µs | server CPU µs/cycle | ratio to floor | target |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---|");
     for r in rows {
         println!("{r}");
     }
@@ -130,6 +153,7 @@ fn main() {
 /// Runs `cycle` on `threads` threads for `span`; each thread's cycle gets its index.
 fn run(threads: usize, span: Duration, cycle: impl Fn(usize) -> Box<dyn FnMut()> + Sync) -> Stats {
     let start = Barrier::new(threads);
+    let server_cpu = SERVER_PID.get().map(|&pid| cpu_of(pid));
     let samples: Vec<Vec<Duration>> = thread::scope(|s| {
         let workers: Vec<_> = (0..threads)
             .map(|i| {
@@ -154,8 +178,16 @@ fn run(threads: usize, span: Duration, cycle: impl Fn(usize) -> Box<dyn FnMut()>
             .map(|w| w.join().expect("worker"))
             .collect()
     });
-    Stats::new(samples.into_iter().flatten().collect(), span)
+    let mut stats = Stats::new(samples.into_iter().flatten().collect(), span);
+    if let (Some(&pid), Some(before)) = (SERVER_PID.get(), server_cpu) {
+        let cycles = stats.rate * span.as_secs_f64();
+        stats.server_us = micros(cpu_of(pid).saturating_sub(before)) / cycles.max(1.0);
+    }
+    stats
 }
+
+/// The bench's redis-server, whose CPU time per cycle each run reports.
+static SERVER_PID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
 
 fn floor_cycle(server: &RedisServer) -> Box<dyn FnMut()> {
     let mut con = server.connection();
@@ -322,24 +354,11 @@ fn refresher_threads() -> usize {
 
 /// CPU time (user + system) of the refresher threads, from /proc.
 fn refresher_cpu() -> Duration {
-    let ticks: u64 = refresher_tasks()
+    refresher_tasks()
         .iter()
         .filter_map(|p| std::fs::read_to_string(p.join("stat")).ok())
-        .map(|stat| {
-            // Fields after the ")" closing the name: utime and stime are the 12th and 13th.
-            let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-            let fields: Vec<&str> = rest.split_whitespace().collect();
-            fields
-                .get(11)
-                .and_then(|u| u.parse::<u64>().ok())
-                .unwrap_or(0)
-                + fields
-                    .get(12)
-                    .and_then(|s| s.parse::<u64>().ok())
-                    .unwrap_or(0)
-        })
-        .sum();
-    Duration::from_millis(ticks * 10) // USER_HZ is 100 on Linux
+        .map(|stat| ticks(&stat))
+        .sum()
 }
 
 fn fresh_locker_cost(url: &str) -> (Duration, Duration) {
@@ -370,6 +389,8 @@ struct Stats {
     rate: f64,
     p50: Duration,
     p99: Duration,
+    /// redis-server CPU per cycle, µs (10 ms resolution over the run).
+    server_us: f64,
 }
 
 impl Stats {
@@ -383,6 +404,7 @@ impl Stats {
         };
         Stats {
             rate: samples.len() as f64 / span.as_secs_f64(),
+            server_us: 0.0,
             p50: at(0.5),
             p99: at(0.99),
         }
@@ -399,10 +421,11 @@ fn row(name: &str, stats: &Stats, floor: Option<&Stats>, target: &str) -> String
         format!("{:.2}", stats.rate / f.rate)
     });
     format!(
-        "| {name} | {:.0} | {:.0} | {:.0} | {ratio} | {target} |",
+        "| {name} | {:.0} | {:.0} | {:.0} | {:.1} | {ratio} | {target} |",
         stats.rate,
         micros(stats.p50),
-        micros(stats.p99)
+        micros(stats.p99),
+        stats.server_us,
     )
 }
 

@@ -118,7 +118,9 @@ impl Locker {
             let sent_at = Instant::now();
             let outcome = {
                 let mut con = self.shared.pool.get()?;
-                scripts::acquire(&mut con, &keys, &value, token_len, ttl_ms)?
+                // Only a first attempt is likely to find a single key free.
+                let set_first = ticket.is_none();
+                scripts::acquire(&mut con, &keys, &value, token_len, ttl_ms, set_first)?
             };
             match outcome {
                 Acquired::Yes => {

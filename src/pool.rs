@@ -53,9 +53,9 @@ impl Pool {
     /// the pool has a single connection.
     pub(crate) fn dedicated(&self) -> Result<Dedicated> {
         match self {
-            Pool::Own { connector, .. } => {
-                Ok(Dedicated::Own(r2d2::ManageConnection::connect(connector)?.con))
-            }
+            Pool::Own { connector, .. } => Ok(Dedicated::Own(
+                r2d2::ManageConnection::connect(connector)?.con,
+            )),
             Pool::Given { pool, io } if pool.max_size() > 1 => {
                 Ok(Dedicated::Given(checkout_given(pool, *io)?))
             }
@@ -77,7 +77,9 @@ impl Pool {
 /// A connection from a caller's pool, with our socket timeouts, in step.
 fn checkout_given(pool: &r2d2::Pool<Client>, io: Duration) -> Result<PooledConnection<Client>> {
     let mut con = pool.get()?;
-    let state = PooledConnection::extensions(&con).get::<GivenState>().copied();
+    let state = PooledConnection::extensions(&con)
+        .get::<GivenState>()
+        .copied();
     match state {
         None => {
             // A caller's pool may have no socket timeouts: set ours once.

@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::pool::Pool;
 use crate::Result;
+use crate::pool::Pool;
 use crate::token::random_token;
 
 /// The channel `lua/release.lua` publishes on for `key`.

@@ -121,6 +121,8 @@ fn retry_gives_up_after_its_limit() {
     let server = RedisServer::start();
     let locker = locker(&server);
     let holder = locker.lock_with(&["k"], no_refresh()).unwrap();
+    // A failed attempt loads the acquire script, so the count below is of attempts only.
+    assert!(locker.try_lock(&["k"]).unwrap().is_none());
     let calls = server.evalsha_calls();
 
     let retry = Retry::linear(Duration::from_millis(1)).limit(3);

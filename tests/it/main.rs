@@ -5,6 +5,7 @@ mod input;
 mod lock;
 mod refresh;
 mod server;
+mod wake;
 
 use std::time::{Duration, Instant};
 

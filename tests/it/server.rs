@@ -60,6 +60,12 @@ impl RedisServer {
         false
     }
 
+    /// The server's process id (the benchmark reads its CPU time).
+    #[allow(dead_code)]
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
     }

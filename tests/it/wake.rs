@@ -1,0 +1,219 @@
+//! Waiters woken by release: fast hand-off, and every race still ends in the lock taken.
+//!
+//! The waiters here retry only every 10 s, so a hand-off within a second can only come
+//! from a release notification (or a subscription that became active), never from polling.
+
+use std::process::Command;
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redguard::{LockOptions, Locker, Retry};
+
+use crate::server::RedisServer;
+use crate::{eventually, locker};
+
+const SLOW_RETRY: Duration = Duration::from_secs(10);
+/// Far under SLOW_RETRY, far over a few round trips on a loaded 2-core machine.
+const QUICK: Duration = Duration::from_secs(1);
+
+fn patient() -> LockOptions {
+    LockOptions::default()
+        .retry(Retry::linear(SLOW_RETRY))
+        .timeout(3 * SLOW_RETRY)
+}
+
+/// Subscribers to the release channel of `key`, as the server counts them.
+fn listeners(server: &RedisServer, key: &str) -> u64 {
+    let counts: Vec<redis::Value> =
+        server.query(&["PUBSUB", "NUMSUB", &format!("redguard:released:{key}")]);
+    counts
+        .get(1)
+        .and_then(|n| redis::from_redis_value_ref(n).ok())
+        .unwrap_or(0)
+}
+
+/// Starts a thread that waits for `key` and returns how long after `released` it got it.
+fn waiter(
+    locker: &Locker,
+    key: &'static str,
+) -> thread::JoinHandle<(redguard::Result<redguard::LockGuard>, Instant)> {
+    let locker = locker.clone();
+    thread::spawn(move || {
+        let guard = locker.lock_with(&[key], patient());
+        (guard, Instant::now())
+    })
+}
+
+#[test]
+fn waiter_is_woken_by_the_release_not_by_its_retry_delay() {
+    let server = RedisServer::start();
+    let locker = locker(&server);
+    let holder = locker.lock(&["k"]).unwrap();
+
+    let waiting = waiter(&locker, "k");
+    eventually(QUICK * 5, "the waiter subscribes", || {
+        listeners(&server, "k") == 1
+    });
+    let released = Instant::now();
+    holder.release().unwrap();
+
+    let (guard, acquired) = waiting.join().unwrap();
+    assert!(guard.is_ok(), "{guard:?}");
+    let took = acquired - released;
+    assert!(took < QUICK, "hand-off took {took:?}");
+}
+
+#[test]
+fn release_before_the_waiter_subscribed_is_not_missed() {
+    let server = RedisServer::start();
+    let locker = locker(&server);
+    let mut exercised = false;
+    for round in 0..5 {
+        let key = ["r0", "r1", "r2", "r3", "r4"][round];
+        let holder = locker.lock(&[key]).unwrap();
+        let attempts = server.evalsha_calls();
+        let waiting = waiter(&locker, key);
+        // Release right after the waiter's first failed attempt: usually before its
+        // subscription is active, which is the race this test is about.
+        eventually(QUICK * 5, "the waiter tries", || {
+            server.evalsha_calls() > attempts
+        });
+        exercised |= listeners(&server, key) == 0;
+        let released = Instant::now();
+        holder.release().unwrap();
+
+        let (guard, acquired) = waiting.join().unwrap();
+        assert!(guard.is_ok(), "{guard:?}");
+        assert!(
+            acquired - released < QUICK,
+            "took {:?}",
+            acquired - released
+        );
+    }
+    assert!(exercised, "the release never came before the subscription");
+}
+
+#[test]
+fn lost_notifications_still_end_in_the_lock_taken() {
+    let server = RedisServer::start();
+    let locker = locker(&server);
+    let holder = locker.lock(&["k"]).unwrap();
+    let waiting = waiter(&locker, "k");
+    eventually(QUICK * 5, "the waiter subscribes", || {
+        listeners(&server, "k") == 1
+    });
+
+    // Cut the subscriber's connection and release while it is gone.
+    server.query::<()>(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+    let released = Instant::now();
+    holder.release().unwrap();
+
+    let (guard, acquired) = waiting.join().unwrap();
+    assert!(guard.is_ok(), "{guard:?}");
+    let took = acquired - released;
+    assert!(
+        took < QUICK * 2,
+        "took {took:?}: the resubscription should retry"
+    );
+}
+
+#[test]
+fn holder_that_never_releases_is_outlasted_by_its_ttl() {
+    let server = RedisServer::start();
+    let locker = locker(&server);
+    // A holder that crashed: its key just expires, nobody publishes a release.
+    server.query::<()>(&["SET", "k", "crashed-owner", "PX", "300"]);
+
+    let started = Instant::now();
+    let guard = locker.lock(&["k"]).unwrap(); // default backoff: at most 100 ms
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(250),
+        "took {took:?}: before the expiry?"
+    );
+    assert!(took < Duration::from_millis(300) + QUICK, "took {took:?}");
+    drop(guard);
+}
+
+#[test]
+fn many_waiting_threads_share_one_subscriber_connection() {
+    let server = RedisServer::start();
+    let locker = locker(&server);
+    let keys: Vec<String> = (0..10).map(|i| format!("k{i}")).collect();
+    let holders: Vec<_> = keys.iter().map(|k| locker.lock(&[k]).unwrap()).collect();
+
+    // 40 waiters: four on each of the ten held keys.
+    let start = Arc::new(Barrier::new(40));
+    let waiters: Vec<_> = (0..40)
+        .map(|i| {
+            let (locker, start, key) = (locker.clone(), start.clone(), keys[i % 10].clone());
+            thread::spawn(move || {
+                start.wait();
+                locker.lock_with(&[key], patient()).map(drop)
+            })
+        })
+        .collect();
+    eventually(QUICK * 5, "every key has a listener", || {
+        keys.iter().all(|k| listeners(&server, k) == 1)
+    });
+    let clients: String = server.query(&["CLIENT", "LIST", "TYPE", "pubsub"]);
+    assert_eq!(
+        clients.lines().count(),
+        1,
+        "one subscriber connection:\n{clients}"
+    );
+
+    let released = Instant::now();
+    drop(holders);
+    for waiter in waiters {
+        waiter.join().unwrap().unwrap();
+    }
+    // Each key passes through four waiters one after another, each woken by a release.
+    assert!(
+        released.elapsed() < QUICK * 4,
+        "took {:?}",
+        released.elapsed()
+    );
+}
+
+/// A waiter in another process is woken just as fast: the notification goes through Redis.
+#[test]
+fn waiter_in_another_process_is_woken_by_the_release() {
+    let server = RedisServer::start();
+    let locker = locker(&server);
+    let holder = locker.lock(&["k"]).unwrap();
+
+    let child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "wake::waiter_process_child"])
+        .args(["--ignored", "--nocapture", "--test-threads=1"])
+        .env("REDGUARD_CHILD_URL", server.url())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    eventually(QUICK * 10, "the other process subscribes", || {
+        listeners(&server, "k") == 1
+    });
+    let released = Instant::now();
+    holder.release().unwrap();
+
+    let output = child.wait_with_output().unwrap();
+    let took = released.elapsed();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("1 passed"),
+        "child failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(took < QUICK * 2, "the other process took {took:?}");
+}
+
+#[test]
+#[ignore = "run by waiter_in_another_process_is_woken_by_the_release"]
+fn waiter_process_child() {
+    let url = std::env::var("REDGUARD_CHILD_URL").expect("run by the parent test");
+    let locker = Locker::connect(url).unwrap();
+    let guard = locker.lock_with(&["k"], patient()).unwrap();
+    guard.release().unwrap();
+}
