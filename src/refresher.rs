@@ -1,8 +1,9 @@
 //! One background thread per locker that keeps auto-refreshed locks alive.
 //!
-//! Each lock is refreshed at about a third of its TTL; every lock due within a sixth of its
-//! TTL rides along, so all refreshes of one wake-up go out in one script call: one round
-//! trip, one reply. A lock found gone is marked lost (nothing is deleted); after an error
+//! Each lock is refreshed at about a third of its TTL. When one is due, every lock due
+//! within a quarter of its TTL rides along, so all refreshes of one wake-up go out in one
+//! script call (one round trip, one reply), and locks refreshed together stay together:
+//! as the window is over half the refresh period, all of them soon share one wake-up. A lock found gone is marked lost (nothing is deleted); after an error
 //! the lock is tried again, less often each time, until it would have expired anyway, and
 //! then it is marked lost.
 
@@ -56,7 +57,7 @@ impl Entry {
     }
 
     /// When to refresh: after a failure, exactly at the retry time; otherwise at a third
-    /// of the TTL, or up to a sixth of the TTL earlier to share a round trip.
+    /// of the TTL, or up to a quarter of the TTL earlier to share a round trip.
     fn due(&self) -> (Instant, Duration) {
         match self.retry_at {
             Some(at) => (at, Duration::ZERO),
@@ -64,7 +65,7 @@ impl Entry {
                 let timing = self.held.timing();
                 (
                     timing.refresh_at(),
-                    Duration::from_millis(timing.ttl_ms / 6),
+                    Duration::from_millis(timing.ttl_ms / 4),
                 )
             }
         }
@@ -188,22 +189,31 @@ fn run(state: &State, pool: &Pool) {
 }
 
 impl Schedule {
-    /// Moves the locks due by `now` (give or take a sixth of their TTL) into `batch`, drops
-    /// lost ones, and returns when the next one falls due.
+    /// Once some lock is due, moves every lock due within a quarter of its TTL into `batch`
+    /// (so that they share the round trip, and stay together from then on); drops lost
+    /// ones; returns when the next lock falls due. Locks that are only nearly due never
+    /// start a round trip by themselves, or they would trickle out one small batch each.
     fn collect_due(&mut self, now: Instant, batch: &mut Vec<Arc<Held>>) -> Option<Instant> {
         let mut next: Option<Instant> = None;
+        let mut any_due = false;
         self.entries.retain(|_, entry| {
             if entry.held.is_lost() {
                 return false;
             }
             let (due, slack) = entry.due();
-            if due.checked_sub(slack).is_none_or(|early| early <= now) {
-                batch.push(Arc::clone(&entry.held));
+            if due <= now {
+                any_due = true;
             } else {
                 next = Some(next.map_or(due, |n| n.min(due)));
             }
+            if due.checked_sub(slack).is_none_or(|early| early <= now) {
+                batch.push(Arc::clone(&entry.held));
+            }
             true
         });
+        if !any_due {
+            batch.clear();
+        }
         next
     }
 }

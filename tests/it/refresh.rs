@@ -128,7 +128,7 @@ fn auto_refresh_keeps_a_300ms_lock_alive_for_2s() {
         );
         thread::sleep(Duration::from_millis(50));
     }
-    // Refreshed every 50..100 ms (a sixth to a third of the TTL), not in a busy loop.
+    // Refreshed about every 100 ms (a third of the TTL), not in a busy loop.
     let refreshes = server.evalsha_calls() - calls;
     assert!(
         (10..=45).contains(&refreshes),
