@@ -118,7 +118,7 @@ fn main() {
         ">= 0.90",
     ));
 
-    let contended = handoff(&locker, span);
+    let contended = handoff(&locker, span, rtt);
     drop(locker); // W5 counts its own locker's refresher thread alone
     let refresher = refresher_load(&server, &url);
 
@@ -226,7 +226,7 @@ fn thread_id() -> u64 {
 }
 
 /// W3: 4 threads on one key, each incrementing a shared non-atomic counter.
-fn handoff(locker: &Locker, span: Duration) -> String {
+fn handoff(locker: &Locker, span: Duration, rtt: Duration) -> String {
     const WAITERS: usize = 4;
     let counter = AtomicU64::new(0);
     let inside = AtomicBool::new(false);
@@ -280,12 +280,13 @@ fn handoff(locker: &Locker, span: Duration) -> String {
     let handoffs = Stats::new(results.iter().flat_map(|r| r.2.clone()).collect(), span);
     format!(
         "W3 contended hand-off, {WAITERS} threads on one key: {:.0} acquisitions/s (counter = {total}, exact); \
-         wait p50 {:.0} µs / p99 {:.0} µs; release→next acquire p50 {:.0} µs / p99 {:.0} µs; \
+         wait p50 {:.0} µs / p99 {:.0} µs; release→next acquire p50 {:.0} µs ({:.1} round trips) / p99 {:.0} µs; \
          per thread min {} / max {}.",
         total as f64 / span.as_secs_f64(),
         micros(waits.p50),
         micros(waits.p99),
         micros(handoffs.p50),
+        handoffs.p50.as_secs_f64() / rtt.as_secs_f64().max(1e-9),
         micros(handoffs.p99),
         per_thread.iter().min().unwrap_or(&0),
         per_thread.iter().max().unwrap_or(&0),
