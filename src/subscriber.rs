@@ -229,14 +229,14 @@ fn run(board: &Board, pool: &Pool) {
         if listen(board, pool).is_ok() {
             return; // stopped
         }
-        // The connection failed: every subscription is gone until the next one.
+        // The connection failed: every subscription is gone, and subscribes taken from
+        // `pending` may not have been sent. Subscribe to every key again on the next one.
         let mut state = board.state.lock();
         let State { keys, pending, .. } = &mut *state;
+        pending.clear();
         for (key, watch) in keys.iter_mut() {
-            if watch.subscribed {
-                watch.subscribed = false;
-                pending.push(key.clone());
-            }
+            watch.subscribed = false;
+            pending.push(key.clone());
         }
         board.changed.notify_all();
         board.changed.wait_for(&mut state, backoff);
