@@ -2,7 +2,8 @@
 -- KEYS: the lock keys.
 -- ARGV[1]: our value (token .. metadata).
 -- Returns 1 when released, 0 when the lock is no longer held (nothing is deleted then).
--- Each deleted key is announced on the channel 'redguard:released:' .. key, for waiters.
+-- Each deleted key is announced on the channel 'redguard:released:' .. key, for waiters:
+-- a hint only, so a user without the right to publish still releases (pcall).
 local values = redis.call('mget', unpack(KEYS))
 for i = 1, #KEYS do
   if values[i] ~= ARGV[1] then
@@ -12,6 +13,6 @@ end
 
 redis.call('del', unpack(KEYS))
 for _, key in ipairs(KEYS) do
-  redis.call('publish', 'redguard:released:' .. key, '')
+  redis.pcall('publish', 'redguard:released:' .. key, '')
 end
 return 1

@@ -48,12 +48,16 @@ impl Timing {
     }
 }
 
-/// `at` + `ms`, where 100 years count as forever: some platforms' `Instant` overflows
-/// within centuries, and 100 years on from a monotonic clock never does.
+/// `at` + `ms`: see [`later`].
 fn after(at: Instant, ms: u64) -> Instant {
+    later(at, Duration::from_millis(ms))
+}
+
+/// `at` + `wait`, where 100 years count as forever: some platforms' `Instant` overflows
+/// within centuries, and 100 years on from a monotonic clock never does.
+pub(crate) fn later(at: Instant, wait: Duration) -> Instant {
     const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
-    at.checked_add(Duration::from_millis(ms).min(FOREVER))
-        .unwrap_or(at)
+    at.checked_add(wait.min(FOREVER)).unwrap_or(at)
 }
 
 impl Held {

@@ -4,12 +4,12 @@ use std::time::{Duration, Instant};
 
 use redis::{Client, IntoConnectionInfo};
 
-use crate::held::{Held, Timing};
+use crate::held::{Held, Timing, later};
 use crate::options::{checked_keys, checked_token, checked_ttl};
 use crate::pool::{Bounds, Pool};
 use crate::refresher::Refresher;
 use crate::scripts::{self, Acquired};
-use crate::subscriber::Subscriber;
+use crate::subscriber::{Seen, Subscriber, Ticket};
 use crate::token::random_token;
 use crate::{Error, LockGuard, LockOptions, Result, Retry};
 
@@ -88,8 +88,10 @@ impl Locker {
 
     /// Locks every key, or none, as `options` say.
     ///
-    /// Each attempt is one round trip. While another owner holds a key, it waits as the
-    /// retry policy says, never past the timeout; a Redis error ends it at once.
+    /// Each attempt is one round trip (two when a plain `SET` finds a single key taken
+    /// and the script runs after it). While another owner holds a key, it waits as the
+    /// retry policy says, never past the timeout, and tries again as soon as a release of
+    /// one of the keys is heard; a Redis error ends it at once.
     ///
     /// # Errors
     /// [`Error::NotObtained`] when the retries or the timeout ran out;
@@ -111,15 +113,29 @@ impl Locker {
         // A timeout too long for the clock is no deadline at all.
         let deadline = options.timeout.and_then(|t| started.checked_add(t));
         let mut delays = options.retry.delays();
+        let subscriber = &self.shared.subscriber;
         // Registered as a waiter after the first attempt that finds the keys held.
-        let mut ticket = None;
+        let mut ticket: Option<Ticket<'_>> = None;
+        // The end of the current retry delay: a wake-up before it gives an attempt, not a
+        // retry, so `limit` and the backoff keep counting delays served.
+        let mut wake_at: Option<Instant> = None;
 
         loop {
+            // What a waiter has seen of the keys, noted before the attempt: a release heard
+            // while the attempt is in flight then ends the next wait at once.
+            let before = match &mut ticket {
+                None => subscriber.seen(&keys),
+                Some(ticket) => {
+                    ticket.mark();
+                    Seen::default()
+                }
+            };
             let sent_at = Instant::now();
             let outcome = {
                 let mut con = self.shared.pool.get()?;
-                // Only a first attempt is likely to find a single key free.
-                let set_first = ticket.is_none();
+                // A plain SET first only where the key is likely free: on a first attempt,
+                // and not while threads of ours wait for it.
+                let set_first = ticket.is_none() && !subscriber.is_watched(&keys[0]);
                 scripts::acquire(&mut con, &keys, &value, token_len, ttl_ms, set_first)?
             };
             match outcome {
@@ -130,21 +146,25 @@ impl Locker {
                 Acquired::WrongType { key, kind } => return Err(Error::WrongType { key, kind }),
                 Acquired::HeldElsewhere => {}
             }
-            let Some(mut delay) = delays.next() else {
-                return Err(Error::NotObtained);
+            let now = Instant::now();
+            let mut until = match wake_at {
+                Some(at) if at > now => at,
+                _ => match delays.next() {
+                    Some(delay) => later(now, delay),
+                    None => return Err(Error::NotObtained),
+                },
             };
             if let Some(deadline) = deadline {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
+                if now >= deadline {
                     return Err(Error::NotObtained);
                 }
                 // One last attempt at the deadline itself.
-                delay = delay.min(left);
+                until = until.min(deadline);
             }
-            // The delay bounds the wait; a release of one of the keys ends it sooner.
+            wake_at = Some(until);
             ticket
-                .get_or_insert_with(|| self.shared.subscriber.wait_for(&keys))
-                .wait(delay);
+                .get_or_insert_with(|| subscriber.wait_for(&keys, before))
+                .wait_until(until);
         }
     }
 }

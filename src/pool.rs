@@ -47,21 +47,40 @@ impl Pool {
         Ok(Pool::Own { pool, connector })
     }
 
+    /// Whether [`dedicated`](Self::dedicated) can work at all: a caller's pool of one
+    /// connection has none to spare.
+    pub(crate) fn can_dedicate(&self) -> bool {
+        match self {
+            Pool::Own { .. } => true,
+            Pool::Given { pool, .. } => pool.max_size() > 1,
+        }
+    }
+
     /// A connection for one long-lived user (the subscriber), bounded like the others.
     /// From our own pool's client it comes outside the pool, so it takes no slot from the
-    /// lock calls. A caller's pool offers no such way: it is taken from the pool, unless
-    /// the pool has a single connection.
-    pub(crate) fn dedicated(&self) -> Result<Dedicated> {
+    /// lock calls. A caller's pool offers no such way: it is taken from the pool (waiting
+    /// at most `max_wait`), and holds one of its slots while in use.
+    pub(crate) fn dedicated(&self, max_wait: Duration) -> Result<Dedicated> {
         match self {
             Pool::Own { connector, .. } => Ok(Dedicated::Own(
                 r2d2::ManageConnection::connect(connector)?.con,
             )),
-            Pool::Given { pool, io } if pool.max_size() > 1 => {
-                Ok(Dedicated::Given(checkout_given(pool, *io)?))
+            Pool::Given { pool, io } => {
+                let wait = max_wait.min(pool.connection_timeout());
+                let con = pool.get_timeout(wait)?;
+                Ok(Dedicated::Given(in_step(con, *io)?))
             }
-            Pool::Given { .. } => Err(crate::Error::InvalidInput(
-                "a pool of one connection has none to spare for the subscriber".into(),
-            )),
+        }
+    }
+
+    /// A connection if one is free right now (for work that may be skipped).
+    pub(crate) fn try_get(&self) -> Option<Conn> {
+        match self {
+            Pool::Own { pool, .. } => pool.try_get().map(Conn::Own),
+            Pool::Given { pool, io } => pool
+                .try_get()
+                .and_then(|con| in_step(con, *io).ok())
+                .map(Conn::Given),
         }
     }
 
@@ -69,30 +88,35 @@ impl Pool {
     pub(crate) fn get(&self) -> Result<Conn> {
         Ok(match self {
             Pool::Own { pool, .. } => Conn::Own(pool.get()?),
-            Pool::Given { pool, io } => Conn::Given(checkout_given(pool, *io)?),
+            Pool::Given { pool, io } => Conn::Given(in_step(pool.get()?, *io)?),
         })
     }
 }
 
-/// A connection from a caller's pool, with our socket timeouts, in step.
-fn checkout_given(pool: &r2d2::Pool<Client>, io: Duration) -> Result<PooledConnection<Client>> {
-    let mut con = pool.get()?;
+/// A connection from a caller's pool, made ready for us: our socket timeouts set, and its
+/// replies in step with its requests.
+fn in_step(mut con: PooledConnection<Client>, io: Duration) -> Result<PooledConnection<Client>> {
     let state = PooledConnection::extensions(&con)
         .get::<GivenState>()
         .copied();
     match state {
-        None => {
-            // A caller's pool may have no socket timeouts: set ours once.
-            con.set_read_timeout(Some(io))?;
-            con.set_write_timeout(Some(io))?;
-        }
-        // We cannot take it out of a pool we did not build: use it again only once its
-        // replies are back in step with its requests.
-        Some(GivenState::Broken) => resync(&mut con)?,
         Some(GivenState::Ready) => {}
+        // We cannot take it out of a pool we did not build: use it again only once its
+        // replies are back in step with its requests (and its timeouts ours again).
+        Some(GivenState::Broken) => {
+            resync(&mut con)?;
+            set_timeouts(&con, io)?;
+        }
+        // A caller's pool may have no socket timeouts: set ours once.
+        None => set_timeouts(&con, io)?,
     }
     PooledConnection::extensions_mut(&mut con).insert(GivenState::Ready);
     Ok(con)
+}
+
+fn set_timeouts(con: &Connection, io: Duration) -> RedisResult<()> {
+    con.set_read_timeout(Some(io))?;
+    con.set_write_timeout(Some(io))
 }
 
 /// What we know of a connection of a caller's pool (kept in its r2d2 extensions).

@@ -1,15 +1,20 @@
-//! Waiters woken by releases instead of polling: one subscriber connection per locker.
+//! Waiters woken by releases: one subscriber connection per locker.
 //!
 //! `lua/release.lua` publishes on `redguard:released:<key>` for each key it deletes. One
 //! thread per locker (started with its first waiter) holds one connection subscribed to
 //! the channels of the keys its threads wait for, and counts the releases it hears. A
-//! waiter holds a [`Ticket`] and sleeps until a release of one of its keys is counted, its
-//! subscription becomes active, or its retry delay ends, whichever comes first; then it
-//! tries again. No notification is needed for correctness: it only cuts the wait short.
+//! waiter still waits at most its retry delay, but a counted release of one of its keys,
+//! or a (re)confirmed subscription to all of them, cuts the wait short.
 //!
-//! Race-free by construction: a waiter tries again once its subscription is confirmed, so
-//! a release before that is seen by the attempt and one after it by the subscription. A
-//! lost notification (a reconnect) or an expiry without release ends in the retry delay.
+//! Why no release is missed for longer than a retry delay, and usually not at all:
+//! - a waiter notes what it has seen of its keys *before* each attempt, so a release
+//!   counted while the attempt was in flight ends the next wait at once;
+//! - releases before the subscription is confirmed are not counted, so the confirmation
+//!   itself ends the wait, and the next attempt sees any such release;
+//! - a reconnect counts as a new confirmation, for the same reason.
+//!
+//! Without a thread (it could not start) or a connection (a caller's pool of one), waiters
+//! simply wait out their retry delays.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -36,6 +41,7 @@ pub(crate) struct Subscriber {
 }
 
 /// What the thread and the waiters share.
+#[derive(Default)]
 struct Board {
     state: Mutex<State>,
     changed: Condvar,
@@ -55,10 +61,20 @@ struct Watch {
     waiters: usize,
     /// Releases heard on this key's channel.
     releases: u64,
-    /// SUBSCRIBE confirmed on the thread's current connection.
+    /// Confirmed SUBSCRIBEs: a new one after a reconnect may follow a missed release.
+    subscriptions: u64,
+    /// Subscribed on the thread's current connection.
     subscribed: bool,
     /// Since when no one waits for this key.
     idle_since: Instant,
+}
+
+/// What a waiter has seen of its keys.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Seen {
+    releases: u64,
+    subscriptions: u64,
+    all_subscribed: bool,
 }
 
 impl Subscriber {
@@ -67,45 +83,42 @@ impl Subscriber {
         let id = random_token().unwrap_or_else(|_| format!("{:p}", &pool));
         Subscriber {
             board: Arc::new(Board {
-                state: Mutex::new(State::default()),
-                changed: Condvar::new(),
                 wake: format!("redguard:wake:{id}"),
+                ..Board::default()
             }),
             pool,
             thread: Mutex::new(None),
         }
     }
 
-    /// Registers a waiter for `keys`. The thread starts, and subscribes to their channels,
-    /// if need be; without a thread (it could not start) the waiter simply polls.
-    pub(crate) fn wait_for(&self, keys: &[String]) -> Ticket<'_> {
-        let mut state = self.board.state.lock();
-        let mut new_keys = false;
-        for key in keys {
-            let is_new = !state.keys.contains_key(key);
-            let watch = state.keys.entry(key.clone()).or_insert_with(|| Watch {
-                waiters: 0,
-                releases: 0,
-                subscribed: false,
-                idle_since: Instant::now(),
-            });
-            watch.waiters += 1;
-            if is_new {
-                state.pending.push(key.clone());
-                new_keys = true;
-            }
+    /// Whether this locker has threads waiting for `key` (so it is most likely held).
+    pub(crate) fn is_watched(&self, key: &str) -> bool {
+        self.board
+            .state
+            .lock()
+            .keys
+            .get(key)
+            .is_some_and(|watch| watch.waiters > 0)
+    }
+
+    /// Registers a waiter for `keys`, who noted `before` of them before its last attempt.
+    /// Starts the thread, and has it subscribe to new keys, if need be.
+    pub(crate) fn wait_for(&self, keys: &[String], before: Seen) -> Ticket<'_> {
+        if !self.pool.can_dedicate() {
+            // No connection to subscribe with: the waiter waits out its delays.
+            return Ticket::new(&self.board, Vec::new(), before);
         }
-        let seen = state.observe(keys);
-        drop(state);
+        let new_keys = self.board.register(keys);
         if new_keys {
             self.start();
             self.wake_thread();
         }
-        Ticket {
-            subscriber: self,
-            keys: keys.to_vec(),
-            seen,
-        }
+        Ticket::new(&self.board, keys.to_vec(), before)
+    }
+
+    /// What a waiter has seen so far of `keys` (nothing for keys no one watches yet).
+    pub(crate) fn seen(&self, keys: &[String]) -> Seen {
+        self.board.state.lock().observe(keys)
     }
 
     fn start(&self) {
@@ -113,7 +126,7 @@ impl Subscriber {
         if thread.is_none() {
             let board = Arc::clone(&self.board);
             let pool = self.pool.clone();
-            // If the thread cannot start, waiters poll: slower, still correct.
+            // If the thread cannot start, waiters wait out their delays: slower, correct.
             *thread = thread::Builder::new()
                 .name("redguard-subscriber".into())
                 .spawn(move || run(&board, &pool))
@@ -121,10 +134,10 @@ impl Subscriber {
         }
     }
 
-    /// Interrupts the thread's read with a message on its own channel (best effort: it
-    /// looks up every [`SWEEP`] anyway).
+    /// Interrupts the thread's read with a message on its own channel. Best effort, and
+    /// only with a connection free at once: the thread looks up every [`SWEEP`] anyway.
     fn wake_thread(&self) {
-        if let Ok(mut con) = self.pool.get() {
+        if let Some(mut con) = self.pool.try_get() {
             let _ = con.run(|con| {
                 redis::cmd("PUBLISH")
                     .arg(&self.board.wake)
@@ -141,7 +154,8 @@ impl Drop for Subscriber {
         self.board.changed.notify_all();
         if let Some(handle) = self.thread.get_mut().take() {
             self.wake_thread();
-            // Bounded: the thread looks up at least every SWEEP plus an I/O timeout.
+            // Bounded: the thread looks up at least every SWEEP, or after a connect or
+            // checkout, each bounded by the pool's timeouts.
             let _ = handle.join();
         }
     }
@@ -149,42 +163,35 @@ impl Drop for Subscriber {
 
 /// One waiter's registration; unregisters on drop.
 pub(crate) struct Ticket<'a> {
-    subscriber: &'a Subscriber,
+    board: &'a Board,
     keys: Vec<String>,
     seen: Seen,
 }
 
-/// What a waiter last saw of its keys.
-#[derive(Clone, Copy, PartialEq, Eq)]
-struct Seen {
-    releases: u64,
-    subscribed: bool,
-}
+impl<'a> Ticket<'a> {
+    fn new(board: &'a Board, keys: Vec<String>, seen: Seen) -> Ticket<'a> {
+        Ticket { board, keys, seen }
+    }
 
-impl Ticket<'_> {
-    /// Sleeps until one of the keys was released, the subscription to all of them became
-    /// active (so a release before it may have been missed), or `timeout` passed.
-    pub(crate) fn wait(&mut self, timeout: Duration) {
-        let board = &self.subscriber.board;
-        let deadline = Instant::now().checked_add(timeout);
-        let mut state = board.state.lock();
+    /// Notes what has been seen of the keys: call before each attempt.
+    pub(crate) fn mark(&mut self) {
+        self.seen = self.board.state.lock().observe(&self.keys);
+    }
+
+    /// Sleeps until `until`, or until one of the keys was released or the subscription to
+    /// all of them was (re)confirmed since the last [`mark`](Self::mark) (or since the
+    /// snapshot taken before the first attempt), whichever comes first.
+    pub(crate) fn wait_until(&mut self, until: Instant) {
+        let mut state = self.board.state.lock();
         loop {
             let now = state.observe(&self.keys);
-            if now != self.seen {
-                let woken = now.releases != self.seen.releases || now.subscribed;
-                self.seen = now;
-                if woken {
-                    return;
-                }
+            let released = now.releases != self.seen.releases;
+            let resubscribed = now.all_subscribed && now.subscriptions != self.seen.subscriptions;
+            if released || resubscribed {
+                return;
             }
-            match deadline {
-                Some(deadline) => {
-                    if board.changed.wait_until(&mut state, deadline).timed_out() {
-                        self.seen = state.observe(&self.keys);
-                        return;
-                    }
-                }
-                None => board.changed.wait(&mut state),
+            if self.board.changed.wait_until(&mut state, until).timed_out() {
+                return;
             }
         }
     }
@@ -192,8 +199,36 @@ impl Ticket<'_> {
 
 impl Drop for Ticket<'_> {
     fn drop(&mut self) {
-        let mut state = self.subscriber.board.state.lock();
-        for key in &self.keys {
+        self.board.unregister(&self.keys);
+    }
+}
+
+impl Board {
+    /// Counts one more waiter on each key; `true` when some key is new to the thread.
+    fn register(&self, keys: &[String]) -> bool {
+        let mut state = self.state.lock();
+        let mut new_keys = false;
+        for key in keys {
+            let is_new = !state.keys.contains_key(key);
+            let watch = state.keys.entry(key.clone()).or_insert_with(|| Watch {
+                waiters: 0,
+                releases: 0,
+                subscriptions: 0,
+                subscribed: false,
+                idle_since: Instant::now(),
+            });
+            watch.waiters += 1;
+            if is_new {
+                state.pending.push(key.clone());
+                new_keys = true;
+            }
+        }
+        new_keys
+    }
+
+    fn unregister(&self, keys: &[String]) {
+        let mut state = self.state.lock();
+        for key in keys {
             if let Some(watch) = state.keys.get_mut(key) {
                 watch.waiters -= 1;
                 if watch.waiters == 0 {
@@ -202,20 +237,76 @@ impl Drop for Ticket<'_> {
             }
         }
     }
+
+    /// The thread heard a release of `key`.
+    fn released(&self, key: &str) {
+        if let Some(watch) = self.state.lock().keys.get_mut(key) {
+            watch.releases += 1;
+            self.changed.notify_all();
+        }
+    }
+
+    /// The thread's SUBSCRIBE to `key` was confirmed; `false` if no one watches it any more.
+    fn subscribed(&self, key: &str) -> bool {
+        let mut state = self.state.lock();
+        let Some(watch) = state.keys.get_mut(key) else {
+            return false;
+        };
+        watch.subscribed = true;
+        watch.subscriptions += 1;
+        self.changed.notify_all();
+        true
+    }
+
+    /// The thread's connection failed: every subscription is gone, and subscribes taken
+    /// from `pending` may not have been sent. Drops idle keys, then queues every other key.
+    fn disconnected(&self) {
+        let mut state = self.state.lock();
+        state.take_idle();
+        let State { keys, pending, .. } = &mut *state;
+        pending.clear();
+        for (key, watch) in keys.iter_mut() {
+            watch.subscribed = false;
+            pending.push(key.clone());
+        }
+    }
 }
 
 impl State {
-    /// Releases heard on `keys` so far, and whether all of them are subscribed.
+    /// Releases and confirmed subscriptions of `keys` so far, and whether all of them are
+    /// subscribed now.
     fn observe(&self, keys: &[String]) -> Seen {
         let mut seen = Seen {
             releases: 0,
-            subscribed: true,
+            subscriptions: 0,
+            all_subscribed: true,
         };
-        for watch in keys.iter().filter_map(|key| self.keys.get(key)) {
-            seen.releases += watch.releases;
-            seen.subscribed &= watch.subscribed;
+        for key in keys {
+            match self.keys.get(key) {
+                Some(watch) => {
+                    seen.releases += watch.releases;
+                    seen.subscriptions += watch.subscriptions;
+                    seen.all_subscribed &= watch.subscribed;
+                }
+                None => seen.all_subscribed = false,
+            }
         }
         seen
+    }
+
+    /// Forgets keys no one has waited on for a [`SWEEP`]; returns those subscribed, to
+    /// unsubscribe.
+    fn take_idle(&mut self) -> Vec<String> {
+        let mut idle = Vec::new();
+        self.keys.retain(|key, watch| {
+            let keep = watch.waiters > 0 || watch.idle_since.elapsed() < SWEEP;
+            if !keep && watch.subscribed {
+                idle.push(key.clone());
+            }
+            keep
+        });
+        self.pending.retain(|key| self.keys.contains_key(key));
+        idle
     }
 }
 
@@ -226,30 +317,25 @@ fn run(board: &Board, pool: &Pool) {
         if board.state.lock().stopping {
             return;
         }
-        if listen(board, pool).is_ok() {
-            return; // stopped
+        match listen(board, pool, &mut backoff) {
+            Ok(()) => return, // stopped
+            Err(_) => board.disconnected(),
         }
-        // The connection failed: every subscription is gone, and subscribes taken from
-        // `pending` may not have been sent. Subscribe to every key again on the next one.
         let mut state = board.state.lock();
-        let State { keys, pending, .. } = &mut *state;
-        pending.clear();
-        for (key, watch) in keys.iter_mut() {
-            watch.subscribed = false;
-            pending.push(key.clone());
+        if !state.stopping {
+            board.changed.wait_for(&mut state, backoff);
         }
-        board.changed.notify_all();
-        board.changed.wait_for(&mut state, backoff);
         backoff = (backoff * 2).min(SWEEP);
     }
 }
 
 /// Listens on one connection; `Ok` when asked to stop, `Err` when the connection failed.
-fn listen(board: &Board, pool: &Pool) -> Result<()> {
-    let mut con = pool.dedicated()?;
+fn listen(board: &Board, pool: &Pool, backoff: &mut Duration) -> Result<()> {
+    let mut con = pool.dedicated(SWEEP)?;
     con.set_read_timeout(Some(SWEEP))?;
     let mut pubsub = con.as_pubsub();
     pubsub.subscribe(&board.wake)?;
+    *backoff = Duration::from_millis(10); // connected: the next failure starts afresh
     let mut swept = Instant::now();
     loop {
         let (pending, idle) = {
@@ -267,22 +353,20 @@ fn listen(board: &Board, pool: &Pool) -> Result<()> {
             (pending, idle)
         };
         for key in &pending {
-            pubsub.subscribe(format!("{RELEASED}{key}"))?;
-            if let Some(watch) = board.state.lock().keys.get_mut(key) {
-                watch.subscribed = true;
+            let channel = format!("{RELEASED}{key}");
+            pubsub.subscribe(&channel)?;
+            if !board.subscribed(key) {
+                // Forgotten while we subscribed: nobody will unsubscribe it otherwise.
+                pubsub.unsubscribe(&channel)?;
             }
-            board.changed.notify_all();
         }
         for key in &idle {
             pubsub.unsubscribe(format!("{RELEASED}{key}"))?;
         }
         match pubsub.get_message() {
             Ok(msg) => {
-                if let Some(key) = msg.get_channel_name().strip_prefix(RELEASED)
-                    && let Some(watch) = board.state.lock().keys.get_mut(key)
-                {
-                    watch.releases += 1;
-                    board.changed.notify_all();
+                if let Some(key) = msg.get_channel_name().strip_prefix(RELEASED) {
+                    board.released(key);
                 }
             }
             Err(e) if e.is_timeout() => {}
@@ -291,17 +375,106 @@ fn listen(board: &Board, pool: &Pool) -> Result<()> {
     }
 }
 
-impl State {
-    /// Forgets keys no one has waited on for a [`SWEEP`]; returns them to unsubscribe.
-    fn take_idle(&mut self) -> Vec<String> {
-        let mut idle = Vec::new();
-        self.keys.retain(|key, watch| {
-            let keep = watch.waiters > 0 || watch.idle_since.elapsed() < SWEEP;
-            if !keep && watch.subscribed {
-                idle.push(key.clone());
-            }
-            keep
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LONG: Duration = Duration::from_secs(30);
+
+    fn keys(names: &[&str]) -> Vec<String> {
+        names.iter().map(|k| k.to_string()).collect()
+    }
+
+    /// Waits on a ticket for at most a second; `true` when it returned before that.
+    fn returns_early(ticket: &mut Ticket<'_>) -> bool {
+        let started = Instant::now();
+        ticket.wait_until(Instant::now() + Duration::from_secs(1));
+        started.elapsed() < Duration::from_millis(900)
+    }
+
+    fn ticket<'a>(board: &'a Board, names: &[&str], before: Seen) -> Ticket<'a> {
+        let keys = keys(names);
+        board.register(&keys);
+        Ticket::new(board, keys, before)
+    }
+
+    #[test]
+    fn a_release_heard_before_registration_is_not_missed() {
+        let board = Board::default();
+        let other = ticket(&board, &["k"], Seen::default());
+        assert!(board.subscribed("k"));
+        // The waiter notes the key before its attempt, a release is heard while the
+        // attempt is in flight, then the waiter registers.
+        let before = board.state.lock().observe(&keys(&["k"]));
+        board.released("k");
+        let mut late = ticket(&board, &["k"], before);
+        assert!(returns_early(&mut late));
+        drop(other);
+    }
+
+    #[test]
+    fn the_confirmed_subscription_ends_the_first_wait() {
+        let board = Board::default();
+        let before = board.state.lock().observe(&keys(&["k"]));
+        let mut waiter = ticket(&board, &["k"], before);
+        // Not subscribed yet: releases are not heard, the wait would run its full delay.
+        let board = &board;
+        thread::scope(|s| {
+            s.spawn(|| {
+                thread::sleep(Duration::from_millis(50));
+                board.subscribed("k");
+            });
+            assert!(returns_early(&mut waiter));
         });
-        idle
+    }
+
+    #[test]
+    fn a_reconnect_during_an_attempt_ends_the_next_wait() {
+        let board = Board::default();
+        let mut waiter = ticket(&board, &["k"], Seen::default());
+        board.subscribed("k");
+        waiter.mark();
+        // While the attempt is in flight: the connection drops, and comes back.
+        board.disconnected();
+        board.subscribed("k");
+        assert!(returns_early(&mut waiter));
+    }
+
+    #[test]
+    fn nothing_new_waits_until_the_deadline() {
+        let board = Board::default();
+        let mut waiter = ticket(&board, &["k", "j"], Seen::default());
+        board.subscribed("k");
+        board.subscribed("j");
+        waiter.mark();
+        board.released("other-key");
+        assert!(!returns_early(&mut waiter));
+    }
+
+    #[test]
+    fn a_release_of_one_of_several_keys_wakes() {
+        let board = Board::default();
+        let mut waiter = ticket(&board, &["a", "b"], Seen::default());
+        board.subscribed("a");
+        board.subscribed("b");
+        waiter.mark();
+        board.released("b");
+        assert!(returns_early(&mut waiter));
+    }
+
+    #[test]
+    fn idle_keys_are_forgotten_and_listed_for_unsubscribing() {
+        let board = Board::default();
+        let waiter = ticket(&board, &["gone", "kept"], Seen::default());
+        let other = ticket(&board, &["kept"], Seen::default());
+        board.subscribed("gone");
+        drop(waiter);
+        let mut state = board.state.lock();
+        state.keys.get_mut("gone").unwrap().idle_since = Instant::now() - LONG;
+        assert_eq!(state.take_idle(), ["gone"]);
+        assert!(state.keys.contains_key("kept"));
+        assert!(!state.pending.iter().any(|k| k == "gone"));
+        drop(state);
+        drop(other);
     }
 }

@@ -125,15 +125,37 @@ fn retry_gives_up_after_its_limit() {
     assert!(locker.try_lock(&["k"]).unwrap().is_none());
     let calls = server.evalsha_calls();
 
-    let retry = Retry::linear(Duration::from_millis(1)).limit(3);
+    let started = Instant::now();
+    let retry = Retry::linear(Duration::from_millis(100)).limit(3);
     let result = locker.lock_with(&["k"], LockOptions::default().retry(retry));
     assert!(matches!(result, Err(Error::NotObtained)), "{result:?}");
-    assert_eq!(
-        server.evalsha_calls() - calls,
-        4,
-        "one attempt and 3 retries"
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "3 delays served"
     );
+    // One attempt, 3 retries, and one more when the subscription became active (a
+    // wake-up gives an attempt, but does not use up a retry).
+    let attempts = server.evalsha_calls() - calls;
+    assert!((4..=5).contains(&attempts), "{attempts} attempts");
     assert!(!holder.is_lost());
+}
+
+#[test]
+fn wake_ups_do_not_use_up_retries() {
+    let server = RedisServer::start();
+    let locker = locker(&server);
+    let _holder = locker.lock_with(&["k"], no_refresh()).unwrap();
+    // The subscription's confirmation wakes the waiter early: that attempt must not
+    // count as the one retry allowed.
+    let started = Instant::now();
+    let retry = Retry::linear(Duration::from_millis(300)).limit(1);
+    let result = locker.lock_with(&["k"], LockOptions::default().retry(retry));
+    assert!(matches!(result, Err(Error::NotObtained)), "{result:?}");
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(300),
+        "gave up after {waited:?}"
+    );
 }
 
 #[test]
