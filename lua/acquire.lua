@@ -1,41 +1,70 @@
 -- acquire.lua: take every key, or none of them.
--- KEYS: the lock keys.
+-- KEYS: the lock keys; with fencing, followed by one fencing counter per lock key.
 -- ARGV[1]: the value to store (token .. metadata); ARGV[2]: the token's length in bytes;
--- ARGV[3]: the TTL in milliseconds.
--- Returns 1 when every key is now ours, 0 when another owner holds one of them, and
--- {key, type} when a key holds another Redis type (nothing is changed then).
+-- ARGV[3]: the TTL in milliseconds; ARGV[4]: '1' for fencing tokens, else '0'.
+-- Returns 1 when every key is now ours (with fencing: {'fences', token per key}), 0 when
+-- another owner holds one of them, and {'wrongtype', key, type} when a key (or a counter)
+-- holds another Redis type. Nothing is changed unless every key is ours.
 local token_len, ttl = tonumber(ARGV[2]), tonumber(ARGV[3])
-if not token_len or token_len < 1 or token_len > #ARGV[1] or not ttl or ttl < 1 then
+local fencing = ARGV[4] == '1'
+local n = fencing and #KEYS / 2 or #KEYS
+if not token_len or token_len < 1 or token_len > #ARGV[1] or not ttl or ttl < 1
+    or n ~= math.floor(n) then
   -- Checked before any write: PEXPIRE 0 would delete the keys, a bad TTL keep them forever.
   -- (Numbers only check; the strings go to PEXPIRE, as a Lua number loses digits.)
-  return redis.error_reply('ERR redguard acquire: bad token length or ttl')
+  return redis.error_reply('ERR redguard acquire: bad token length, ttl or key count')
+end
+
+-- A counter must be absent or a number: INCR must not fail after the keys are set.
+if fencing then
+  for i = n + 1, #KEYS do
+    local kind = redis.call('type', KEYS[i]).ok
+    if kind ~= 'none' and (kind ~= 'string' or not tonumber(redis.call('get', KEYS[i]))) then
+      return {'wrongtype', KEYS[i], kind}
+    end
+  end
 end
 
 local args = {}
-for i, key in ipairs(KEYS) do
-  args[2 * i - 1] = key
+for i = 1, n do
+  args[2 * i - 1] = KEYS[i]
   args[2 * i] = ARGV[1]
 end
 
-if redis.call('msetnx', unpack(args)) == 0 then
+local fresh = redis.call('msetnx', unpack(args)) == 1
+if not fresh then
   -- Some key exists. Never overwrite a value of another type.
-  for _, key in ipairs(KEYS) do
-    local kind = redis.call('type', key).ok
+  for i = 1, n do
+    local kind = redis.call('type', KEYS[i]).ok
     if kind ~= 'string' and kind ~= 'none' then
-      return {key, kind}
+      return {'wrongtype', KEYS[i], kind}
     end
   end
   -- The same owner (same token prefix) may re-obtain its own keys, all of them or none.
   local token = string.sub(ARGV[1], 1, token_len)
-  for _, key in ipairs(KEYS) do
-    if redis.call('getrange', key, 0, token_len - 1) ~= token then
+  for i = 1, n do
+    if redis.call('getrange', KEYS[i], 0, token_len - 1) ~= token then
       return 0
     end
   end
   redis.call('mset', unpack(args))
 end
 
-for _, key in ipairs(KEYS) do
-  redis.call('pexpire', key, ARGV[3])
+for i = 1, n do
+  redis.call('pexpire', KEYS[i], ARGV[3])
 end
-return 1
+if not fencing then
+  return 1
+end
+
+-- A new acquisition gets the next token of each key; a re-obtain keeps the current one.
+local fences = {'fences'}
+for i = n + 1, #KEYS do
+  local current = redis.call('get', KEYS[i])
+  if fresh or not current then
+    fences[#fences + 1] = redis.call('incr', KEYS[i])
+  else
+    fences[#fences + 1] = tonumber(current)
+  end
+end
+return fences

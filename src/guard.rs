@@ -53,6 +53,20 @@ impl LockGuard {
         self.held.token()
     }
 
+    /// The fencing token of each key, in key order (empty unless the lock was taken with
+    /// [`LockOptions::fencing`](crate::LockOptions::fencing)). Every new acquisition of a
+    /// key gets a larger token than any before it, so a resource that remembers the
+    /// largest token it has seen can refuse a write from a holder whose lock has since
+    /// passed to someone else.
+    pub fn fences(&self) -> &[u64] {
+        &self.held.fences
+    }
+
+    /// The fencing token of the first key; `None` without fencing.
+    pub fn fence(&self) -> Option<u64> {
+        self.held.fences.first().copied()
+    }
+
     /// The metadata stored after the token (empty unless set in
     /// [`LockOptions::metadata`](crate::LockOptions::metadata)).
     pub fn metadata(&self) -> &str {

@@ -12,6 +12,8 @@ pub(crate) struct Held {
     /// What every key stores: the token, then the metadata.
     pub(crate) value: String,
     pub(crate) token_len: usize,
+    /// One fencing token per key, in key order; empty without fencing.
+    pub(crate) fences: Vec<u64>,
     timing: Mutex<Timing>,
     lost: AtomicBool,
 }
@@ -61,13 +63,20 @@ pub(crate) fn later(at: Instant, wait: Duration) -> Instant {
 }
 
 impl Held {
-    pub(crate) fn new(keys: Vec<String>, value: String, token_len: usize, timing: Timing) -> Held {
+    pub(crate) fn new(
+        keys: Vec<String>,
+        value: String,
+        token_len: usize,
+        fences: Vec<u64>,
+        timing: Timing,
+    ) -> Held {
         static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         Held {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             keys,
             value,
             token_len,
+            fences,
             timing: Mutex::new(timing),
             lost: AtomicBool::new(false),
         }
@@ -130,7 +139,13 @@ mod tests {
 
     fn held(ttl_ms: u64, sent_at: Instant) -> Held {
         let value = "0123abcdmeta".to_string();
-        Held::new(vec!["k".into()], value, 8, Timing::new(ttl_ms, sent_at))
+        Held::new(
+            vec!["k".into()],
+            value,
+            8,
+            Vec::new(),
+            Timing::new(ttl_ms, sent_at),
+        )
     }
 
     #[test]

@@ -48,6 +48,7 @@
 //!   fixed token re-obtains the keys with a shorter TTL: the old guard does not know).
 
 mod error;
+mod fence;
 mod guard;
 mod held;
 mod locker;

@@ -8,7 +8,7 @@ use crate::held::{Held, Timing, later};
 use crate::options::{checked_keys, checked_token, checked_ttl};
 use crate::pool::{Bounds, Pool};
 use crate::refresher::Refresher;
-use crate::scripts::{self, Acquired};
+use crate::scripts::{self, Acquired, Attempt};
 use crate::subscriber::{Seen, Subscriber, Ticket};
 use crate::token::random_token;
 use crate::{Error, LockGuard, LockOptions, Result, Retry};
@@ -136,11 +136,19 @@ impl Locker {
                 // A plain SET first only where the key is likely free: on a first attempt,
                 // and not while threads of ours wait for it.
                 let set_first = ticket.is_none() && !subscriber.is_watched(&keys[0]);
-                scripts::acquire(&mut con, &keys, &value, token_len, ttl_ms, set_first)?
+                let attempt = Attempt {
+                    keys: &keys,
+                    value: &value,
+                    token_len,
+                    ttl_ms,
+                    fencing: options.fencing,
+                };
+                scripts::acquire(&mut con, &attempt, set_first)?
             };
             match outcome {
-                Acquired::Yes => {
-                    let held = Held::new(keys, value, token_len, Timing::new(ttl_ms, sent_at));
+                Acquired::Yes { fences } => {
+                    let timing = Timing::new(ttl_ms, sent_at);
+                    let held = Held::new(keys, value, token_len, fences, timing);
                     return LockGuard::new(Arc::clone(&self.shared), held, options.auto_refresh);
                 }
                 Acquired::WrongType { key, kind } => return Err(Error::WrongType { key, kind }),

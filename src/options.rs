@@ -35,6 +35,7 @@ pub struct LockOptions {
     pub(crate) metadata: String,
     pub(crate) token: Option<String>,
     pub(crate) auto_refresh: bool,
+    pub(crate) fencing: bool,
 }
 
 impl Default for LockOptions {
@@ -46,6 +47,7 @@ impl Default for LockOptions {
             metadata: String::new(),
             token: None,
             auto_refresh: true,
+            fencing: false,
         }
     }
 }
@@ -110,6 +112,20 @@ impl LockOptions {
     /// Defaults to `true`.
     pub fn auto_refresh(mut self, auto_refresh: bool) -> Self {
         self.auto_refresh = auto_refresh;
+        self
+    }
+
+    /// Whether the acquisition also takes a fencing token per key
+    /// ([`LockGuard::fences`](crate::LockGuard::fences)): in the same atomic step, each
+    /// key's counter (`redguard:fence:{<key>}`, or `redguard:fence:<key>` for a key with a
+    /// hash tag) is incremented, so every new acquisition of a key gets a strictly larger
+    /// token than the last; a re-obtain by the same owner keeps its token. Counters never
+    /// expire: each takes one small Redis string (about 60 bytes plus the key's length) for
+    /// every key ever locked with fencing. Use fencing for every lock on a key, or none.
+    ///
+    /// Defaults to `false`.
+    pub fn fencing(mut self, fencing: bool) -> Self {
+        self.fencing = fencing;
         self
     }
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use redis::{ErrorKind, RedisError, RedisResult, Script, Value};
 
+use crate::fence::fence_key;
 use crate::pool::Conn;
 
 static ACQUIRE: LazyLock<Script> =
@@ -21,30 +22,37 @@ static TTL: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../lua
 /// What one acquisition attempt found.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Acquired {
-    /// Every key now holds our value and the TTL.
-    Yes,
+    /// Every key now holds our value and the TTL; with fencing, each key's token.
+    Yes { fences: Vec<u64> },
     /// Another owner holds at least one key; nothing was changed.
     HeldElsewhere,
     /// `key` holds a Redis `kind` other than a string; nothing was changed.
     WrongType { key: String, kind: String },
 }
 
-/// One all-or-nothing attempt to take `keys`; see `lua/acquire.lua`.
+/// One all-or-nothing attempt to take `keys`; see `lua/acquire.lua`. With `fencing`, each
+/// key's counter (see [`fence_key`]) gives the acquisition a token.
 ///
-/// With `set_first`, a single free key is taken with a plain `SET NX PX` instead, which
-/// costs the server a fraction of a script call; only when that finds the key set does
-/// the script run (to re-obtain for the same owner, or to name a key of another type).
+/// With `set_first`, a single free key without fencing is taken with a plain `SET NX PX`
+/// instead, which costs the server a fraction of a script call; only when that finds the
+/// key set does the script run (to re-obtain for the same owner, or to name a key of
+/// another type).
 pub(crate) fn acquire(
     con: &mut Conn,
-    keys: &[String],
-    value: &str,
-    token_len: usize,
-    ttl_ms: u64,
+    attempt: &Attempt<'_>,
     set_first: bool,
 ) -> RedisResult<Acquired> {
+    let Attempt {
+        keys,
+        value,
+        token_len,
+        ttl_ms,
+        fencing,
+    } = *attempt;
     con.run(|con| {
         if let [key] = keys
             && set_first
+            && !fencing
         {
             let set: Option<String> = redis::cmd("SET")
                 .arg(key)
@@ -54,24 +62,55 @@ pub(crate) fn acquire(
                 .arg(ttl_ms)
                 .query(con)?;
             if set.is_some() {
-                return Ok(Acquired::Yes);
+                return Ok(Acquired::Yes { fences: Vec::new() });
             }
         }
-        let reply: Value = ACQUIRE
-            .key(keys)
+        let mut invocation = ACQUIRE.prepare_invoke();
+        invocation.key(keys);
+        if fencing {
+            invocation.key(keys.iter().map(|key| fence_key(key)).collect::<Vec<_>>());
+        }
+        invocation
             .arg(value)
             .arg(token_len)
             .arg(ttl_ms)
-            .invoke(con)?;
+            .arg(if fencing { "1" } else { "0" });
+        let reply: Value = invocation.invoke(con)?;
         Ok(match reply {
-            Value::Int(1) => Acquired::Yes,
+            Value::Int(1) => Acquired::Yes { fences: Vec::new() },
             Value::Int(0) => Acquired::HeldElsewhere,
-            other => {
-                let (key, kind) = redis::from_redis_value(other)?;
-                Acquired::WrongType { key, kind }
-            }
+            other => match redis::from_redis_value::<Vec<Value>>(other)?.as_slice() {
+                [tag, fences @ ..] if *tag == Value::BulkString(b"fences".to_vec()) => {
+                    let fences = fences
+                        .iter()
+                        .map(redis::from_redis_value_ref::<u64>)
+                        .collect::<Result<_, _>>()?;
+                    Acquired::Yes { fences }
+                }
+                [_, key, kind] => Acquired::WrongType {
+                    key: redis::from_redis_value_ref(key)?,
+                    kind: redis::from_redis_value_ref(kind)?,
+                },
+                _ => {
+                    return Err(RedisError::from((
+                        ErrorKind::UnexpectedReturnType,
+                        "acquire script answered in an unknown shape",
+                    )));
+                }
+            },
         })
     })
+}
+
+/// What one acquisition attempt asks for.
+#[derive(Clone, Copy)]
+pub(crate) struct Attempt<'a> {
+    pub(crate) keys: &'a [String],
+    /// The token, then the metadata.
+    pub(crate) value: &'a str,
+    pub(crate) token_len: usize,
+    pub(crate) ttl_ms: u64,
+    pub(crate) fencing: bool,
 }
 
 /// One lock for [`refresh`]: its keys, its value and the TTL to set.

@@ -1,6 +1,7 @@
 //! Integration tests: one binary (links once), each test against its own redis-server.
 
 mod faults;
+mod fencing;
 mod input;
 mod lock;
 mod refresh;

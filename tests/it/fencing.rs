@@ -1,0 +1,136 @@
+//! Fencing tokens: strictly increasing per key, kept by a same-owner re-obtain.
+
+use std::time::Duration;
+
+use redguard::{Error, LockOptions};
+
+use crate::locker;
+use crate::server::RedisServer;
+
+fn fenced() -> LockOptions {
+    LockOptions::default().fencing(true)
+}
+
+#[test]
+fn every_new_acquisition_gets_a_larger_token() {
+    let server = RedisServer::start();
+    let locker = locker(&server);
+    let other = crate::locker(&server);
+
+    let mut last = 0;
+    for round in 0..5 {
+        let locker = if round % 2 == 0 { &locker } else { &other };
+        let guard = locker.lock_with(&["k"], fenced()).unwrap();
+        let fence = guard.fence().expect("fenced");
+        assert!(fence > last, "round {round}: {fence} after {last}");
+        assert_eq!(guard.fences(), [fence]);
+        last = fence;
+    }
+
+    let plain = locker.lock(&["k"]).unwrap();
+    assert_eq!(plain.fence(), None);
+    assert!(plain.fences().is_empty());
+}
+
+#[test]
+fn tokens_are_per_key_in_key_order() {
+    let server = RedisServer::start();
+    let locker = locker(&server);
+    for _ in 0..3 {
+        drop(locker.lock_with(&["b"], fenced()).unwrap());
+    }
+    let both = locker.lock_with(&["a", "b"], fenced()).unwrap();
+    assert_eq!(both.fences(), [1, 4]);
+    assert_eq!(both.fence(), Some(1));
+}
+
+#[test]
+fn a_reobtain_by_the_same_owner_keeps_its_token() {
+    let server = RedisServer::start();
+    let locker = locker(&server);
+    let owner = || fenced().token("owner-a").auto_refresh(false);
+
+    let first = locker.lock_with(&["k"], owner()).unwrap();
+    let again = locker.lock_with(&["k"], owner().metadata("again")).unwrap();
+    assert_eq!(again.fence(), first.fence());
+    drop(first); // its value was replaced (other metadata): this releases nothing
+    again.release().unwrap();
+
+    let next = locker.lock_with(&["k"], fenced()).unwrap();
+    assert!(next.fence() > Some(1));
+}
+
+#[test]
+fn counters_outlive_their_locks_and_share_the_keys_hash_slot() {
+    let server = RedisServer::start();
+    let locker = locker(&server);
+    let guard = locker
+        .lock_with(
+            &["job:7", "{user42}:a"],
+            fenced().ttl(Duration::from_secs(5)),
+        )
+        .unwrap();
+    guard.release().unwrap();
+
+    for counter in ["redguard:fence:{job:7}", "redguard:fence:{user42}:a"] {
+        assert_eq!(server.query::<u64>(&["GET", counter]), 1, "{counter}");
+        assert_eq!(
+            server.query::<i64>(&["PTTL", counter]),
+            -1,
+            "{counter} expires"
+        );
+    }
+    assert_eq!(slot("job:7"), slot("redguard:fence:{job:7}"));
+    assert_eq!(slot("{user42}:a"), slot("redguard:fence:{user42}:a"));
+}
+
+#[test]
+fn counter_of_another_type_is_reported_and_nothing_is_taken() {
+    let server = RedisServer::start();
+    let locker = locker(&server);
+    server.query::<()>(&["SET", "redguard:fence:{k}", "not a number"]);
+
+    match locker.lock_with(&["k"], fenced()) {
+        Err(Error::WrongType { key, .. }) => assert_eq!(key, "redguard:fence:{k}"),
+        other => panic!("expected WrongType, got {other:?}"),
+    }
+    assert_eq!(server.query::<u32>(&["EXISTS", "k"]), 0);
+    assert_eq!(
+        server.query::<String>(&["GET", "redguard:fence:{k}"]),
+        "not a number"
+    );
+}
+
+/// The Redis Cluster hash slot of `key` (CRC16-XMODEM of its hash tag, or of the key).
+fn slot(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let hashed = bytes
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let tag = &bytes[open + 1..];
+            let close = tag.iter().position(|&b| b == b'}')?;
+            (close > 0).then(|| &tag[..close])
+        })
+        .unwrap_or(bytes);
+    let mut crc: u16 = 0;
+    for &byte in hashed {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
+}
+
+#[test]
+fn slot_matches_known_values() {
+    // From the Redis Cluster specification and `CLUSTER KEYSLOT`.
+    assert_eq!(slot("123456789"), 0x31c3);
+    assert_eq!(slot("foo"), 12182);
+    assert_eq!(slot("{user1000}.following"), slot("{user1000}.followers"));
+}
