@@ -82,8 +82,10 @@ impl LockGuard {
     /// # Errors
     /// [`Error::Redis`] or [`Error::Pool`] when Redis cannot be asked.
     pub fn ttl(&self) -> Result<Option<Duration>> {
-        let mut con = self.shared.pool.get()?;
-        let ttl = scripts::ttl(&mut con, &self.held.keys, &self.held.value)?;
+        let ttl = self
+            .shared
+            .pool
+            .run(|con| scripts::ttl(con, &self.held.keys, &self.held.value))?;
         if ttl.is_none() {
             self.held.mark_lost();
         }
@@ -110,7 +112,11 @@ impl LockGuard {
             ttl_ms,
         };
         let sent_at = Instant::now();
-        let held = scripts::refresh(&mut self.shared.pool.get()?, &[lock])?;
+        // Safe to repeat: setting the same TTL twice is the same as once.
+        let held = self
+            .shared
+            .pool
+            .run(|con| scripts::refresh(con, std::slice::from_ref(&lock)))?;
         if held != [true] {
             self.held.mark_lost();
             return Err(Error::LockLost);
@@ -151,12 +157,11 @@ impl LockGuard {
         if self.auto_refresh {
             self.shared.refresher.remove(self.held.id);
         }
-        let mut con = self.shared.pool.get()?;
-        Ok(scripts::release(
-            &mut con,
-            &self.held.keys,
-            &self.held.value,
-        )?)
+        // Repeated only when the connection was found closed: should the server have run
+        // the first one after all, the second reports the lock lost (never the reverse).
+        self.shared
+            .pool
+            .run(|con| scripts::release(con, &self.held.keys, &self.held.value))
     }
 }
 

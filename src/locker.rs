@@ -132,7 +132,6 @@ impl Locker {
             };
             let sent_at = Instant::now();
             let outcome = {
-                let mut con = self.shared.pool.get()?;
                 // A plain SET first only where the key is likely free: on a first attempt,
                 // and not while threads of ours wait for it.
                 let set_first = ticket.is_none() && !subscriber.is_watched(&keys[0]);
@@ -143,7 +142,10 @@ impl Locker {
                     ttl_ms,
                     fencing: options.fencing,
                 };
-                scripts::acquire(&mut con, &attempt, set_first)?
+                // Safe to repeat: taking keys that already hold our value again is a no-op.
+                self.shared
+                    .pool
+                    .run(|con| scripts::acquire(con, &attempt, set_first))?
             };
             match outcome {
                 Acquired::Yes { fences } => {

@@ -73,6 +73,28 @@ impl Pool {
         }
     }
 
+    /// Runs `request` on a pooled connection. A connection the server had closed (after a
+    /// restart, `CLIENT KILL`, an idle timeout) fails at once and is thrown away; the
+    /// request then runs again on another, up to once per pooled connection. Only for
+    /// requests that are safe to repeat: the server never answered the failed one.
+    pub(crate) fn run<T>(&self, mut request: impl FnMut(&mut Conn) -> RedisResult<T>) -> Result<T> {
+        let mut tries = 0;
+        loop {
+            let mut con = self.get()?;
+            match request(&mut con) {
+                Err(e) if e.is_connection_dropped() && tries < self.max_size() => tries += 1,
+                result => return Ok(result?),
+            }
+        }
+    }
+
+    fn max_size(&self) -> u32 {
+        match self {
+            Pool::Own { pool, .. } => pool.max_size(),
+            Pool::Given { pool, .. } => pool.max_size(),
+        }
+    }
+
     /// A connection if one is free right now (for work that may be skipped).
     pub(crate) fn try_get(&self) -> Option<Conn> {
         match self {

@@ -232,9 +232,7 @@ fn refresh(state: &State, pool: &Pool, batch: &[Arc<Held>]) {
         })
         .collect();
     let sent_at = Instant::now();
-    let result = pool
-        .get()
-        .and_then(|mut con| Ok(scripts::refresh(&mut con, &locks)?));
+    let result = pool.run(|con| scripts::refresh(con, &locks));
 
     let mut schedule = state.schedule.lock();
     match result {

@@ -202,3 +202,107 @@ fn given_pool_with_socket_timeouts_errs_within_the_bounds_and_recovers() {
     let result = locker.try_lock(&["x"]);
     assert!(matches!(result, Ok(None)), "{result:?}");
 }
+
+#[test]
+fn server_paused_while_a_lock_waits_gives_an_error_within_the_bounds() {
+    let server = RedisServer::start();
+    let locker = tight().build(server.url()).unwrap();
+    let _holder = locker
+        .lock_with(&["k"], LockOptions::default().auto_refresh(false))
+        .unwrap();
+    let waiter = {
+        let locker = locker.clone();
+        std::thread::spawn(move || {
+            let options = LockOptions::default()
+                .timeout(Duration::from_secs(1))
+                .retry(redguard::Retry::linear(Duration::from_millis(20)));
+            timed(|| locker.lock_with(&["k"], options))
+        })
+    };
+    std::thread::sleep(Duration::from_millis(100)); // waiting now
+    server.pause();
+    let (result, took) = waiter.join().unwrap();
+    server.resume();
+    assert!(result.is_err(), "{result:?}");
+    assert!(took < Duration::from_secs(1) + LIMIT, "took {took:?}");
+}
+
+#[test]
+fn paused_past_the_ttl_with_auto_refresh_ends_lost_not_panicking() {
+    let server = RedisServer::start();
+    let locker = tight().build(server.url()).unwrap();
+    let guard = locker
+        .lock_with(&["k"], LockOptions::default().ttl(Duration::from_secs(1)))
+        .unwrap();
+    server.pause();
+    std::thread::sleep(Duration::from_secs(3));
+    server.resume();
+
+    assert!(guard.is_lost());
+    let (result, took) = timed(|| guard.release());
+    assert!(matches!(result, Err(Error::LockLost)), "{result:?}");
+    assert!(took < LIMIT, "release took {took:?}");
+}
+
+#[test]
+fn restart_on_the_same_port_recovers_and_never_reuses_a_fencing_token() {
+    let mut server = RedisServer::start_persistent();
+    let locker = tight().pool_size(4).build(server.url()).unwrap();
+    let fenced = LockOptions::default()
+        .fencing(true)
+        .ttl(Duration::from_millis(500));
+    let before = locker.lock_with(&["k"], fenced.clone()).unwrap();
+    let old_token = before.fence().unwrap();
+
+    server.kill();
+    std::thread::sleep(Duration::from_millis(700)); // the lock's TTL passes while it is down
+    server.restart();
+
+    assert!(before.is_lost(), "held across a restart past its TTL");
+    // The pool recovers by itself: its connections to the dead server are thrown away.
+    let after = locker.lock_with(&["k"], fenced).unwrap();
+    let new_token = after.fence().unwrap();
+    assert!(new_token > old_token, "token {new_token} after {old_token}");
+    assert!(matches!(before.release(), Err(Error::LockLost)));
+    after.release().unwrap();
+}
+
+#[test]
+fn server_killed_for_good_gives_errors_and_bounded_drops() {
+    let mut server = RedisServer::start();
+    let locker = tight().build(server.url()).unwrap();
+    let guards: Vec<_> = (0..2)
+        .map(|i| locker.lock(&[format!("k{i}")]).unwrap())
+        .collect();
+    server.kill();
+
+    let (result, took) = timed(|| locker.lock(&["new"]));
+    assert!(
+        matches!(result, Err(Error::Redis(_) | Error::Pool(_))),
+        "{result:?}"
+    );
+    assert!(took < LIMIT, "lock took {took:?}");
+    for guard in guards {
+        let (_, took) = timed(|| drop(guard));
+        assert!(took < LIMIT, "drop took {took:?}");
+    }
+    let (_, took) = timed(|| drop(locker));
+    assert!(took < LIMIT, "dropping the locker took {took:?}");
+}
+
+#[test]
+fn killed_pool_connections_are_replaced_without_help() {
+    let server = RedisServer::start();
+    let locker = tight().pool_size(4).build(server.url()).unwrap();
+    for _ in 0..8 {
+        drop(locker.lock(&["warm"]).unwrap()); // every pooled connection in use
+    }
+    let killed: u32 = server.query(&["CLIENT", "KILL", "TYPE", "normal"]);
+    assert!(killed >= 4, "killed {killed}");
+
+    // Not one call fails: each finds its connection closed, drops it and uses another.
+    let guard = locker.lock(&["k"]).unwrap();
+    assert!(guard.ttl().unwrap().is_some());
+    guard.refresh(Duration::from_secs(10)).unwrap();
+    guard.release().unwrap();
+}

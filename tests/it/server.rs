@@ -13,35 +13,59 @@ const INSTALL_HINT: &str = "the tests and the demo start their own private redis
 pub struct RedisServer {
     child: Child,
     port: u16,
+    /// Where a persistent server keeps its append-only file; removed on drop.
+    dir: Option<std::path::PathBuf>,
 }
 
 impl RedisServer {
     /// Starts a server on a free port of 127.0.0.1 and waits until it answers PING.
     /// Panics, saying how to install it, when `redis-server` is missing.
     pub fn start() -> RedisServer {
-        let binary = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
+        Self::start_on_free_port(None)
+    }
+
+    /// Like [`start`](Self::start), with every write in an append-only file fsynced at
+    /// once, so that a [`kill`](Self::kill) and [`restart`](Self::restart) lose nothing.
+    pub fn start_persistent() -> RedisServer {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("redguard-test-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("create the server's directory");
+        Self::start_on_free_port(Some(dir))
+    }
+
+    fn start_on_free_port(dir: Option<std::path::PathBuf>) -> RedisServer {
         // A free port can be taken between our probe and the server's bind: try a few.
         for _ in 0..5 {
             let port = free_port();
-            let child = Command::new(&binary)
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn();
-            let child = match child {
-                Ok(child) => child,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    panic!("{binary} was not found: {INSTALL_HINT}")
-                }
-                Err(e) => panic!("could not start {binary}: {e}"),
+            let mut server = RedisServer {
+                child: spawn(port, dir.as_deref()),
+                port,
+                dir: dir.clone(),
             };
-            let mut server = RedisServer { child, port };
             if server.wait_until_ready() {
                 return server;
             }
         }
         panic!("redis-server did not come up on a free port after 5 tries");
+    }
+
+    /// Kills the server (SIGKILL: no shutdown, no save) and waits until it is gone.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts the server again on the same port (and directory), after [`kill`](Self::kill).
+    pub fn restart(&mut self) {
+        for _ in 0..50 {
+            self.child = spawn(self.port, self.dir.as_deref());
+            if self.wait_until_ready() {
+                return;
+            }
+            thread::sleep(Duration::from_millis(100)); // the port may linger a moment
+        }
+        panic!("redis-server did not come back on port {}", self.port);
     }
 
     fn wait_until_ready(&mut self) -> bool {
@@ -125,8 +149,33 @@ impl RedisServer {
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
-        let _ = self.child.kill(); // SIGKILL also ends a paused server
-        let _ = self.child.wait();
+        self.kill(); // SIGKILL also ends a paused server
+        if let Some(dir) = &self.dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// Starts `redis-server` on `port`: in memory only, or with every write fsynced to an
+/// append-only file in `dir`.
+fn spawn(port: u16, dir: Option<&std::path::Path>) -> Child {
+    let binary = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
+    let mut command = Command::new(&binary);
+    command
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--daemonize", "no"]);
+    match dir {
+        None => command.args(["--appendonly", "no"]),
+        Some(dir) => command
+            .args(["--appendonly", "yes", "--appendfsync", "always", "--dir"])
+            .arg(dir),
+    };
+    match command.stdout(Stdio::null()).stderr(Stdio::null()).spawn() {
+        Ok(child) => child,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            panic!("{binary} was not found: {INSTALL_HINT}")
+        }
+        Err(e) => panic!("could not start {binary}: {e}"),
     }
 }
 
