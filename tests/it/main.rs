@@ -6,6 +6,7 @@ mod input;
 mod lock;
 mod refresh;
 mod server;
+mod stress;
 mod wake;
 
 use std::time::{Duration, Instant};
