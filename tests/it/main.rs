@@ -4,6 +4,7 @@ mod faults;
 mod fencing;
 mod input;
 mod lock;
+mod props;
 mod refresh;
 mod server;
 mod stress;
