@@ -43,9 +43,9 @@ impl LockGuard {
         Ok(guard)
     }
 
-    /// The locked keys, in the order given.
+    /// The locked keys, in the order given (without the locker's prefix).
     pub fn keys(&self) -> &[String] {
-        &self.held.keys
+        self.held.names()
     }
 
     /// The owner token stored at the start of every key's value.
@@ -177,7 +177,7 @@ impl Drop for LockGuard {
 impl fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockGuard")
-            .field("keys", &self.held.keys)
+            .field("keys", &self.held.names())
             .field("metadata", &self.held.metadata())
             .field("auto_refresh", &self.auto_refresh)
             .field("lost", &self.held.is_lost())

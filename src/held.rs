@@ -8,7 +8,10 @@ use parking_lot::Mutex;
 pub(crate) struct Held {
     /// Unique within the process: the refresher's handle on this lock.
     pub(crate) id: u64,
+    /// The keys as stored in Redis (with the locker's prefix).
     pub(crate) keys: Vec<String>,
+    /// The keys as the caller named them, when a prefix makes them differ.
+    names: Option<Vec<String>>,
     /// What every key stores: the token, then the metadata.
     pub(crate) value: String,
     pub(crate) token_len: usize,
@@ -74,12 +77,24 @@ impl Held {
         Held {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             keys,
+            names: None,
             value,
             token_len,
             fences,
             timing: Mutex::new(timing),
             lost: AtomicBool::new(false),
         }
+    }
+
+    /// Keeps the caller's names for the keys, when they differ from the stored ones.
+    pub(crate) fn named(mut self, names: Option<Vec<String>>) -> Held {
+        self.names = names;
+        self
+    }
+
+    /// The keys as the caller named them.
+    pub(crate) fn names(&self) -> &[String] {
+        self.names.as_deref().unwrap_or(&self.keys)
     }
 
     pub(crate) fn token(&self) -> &str {

@@ -32,6 +32,8 @@ pub struct Locker {
 pub(crate) struct Shared {
     pub(crate) pool: Pool,
     pub(crate) default_ttl: Duration,
+    /// Put before every key (and fencing counter) in Redis.
+    pub(crate) prefix: String,
     pub(crate) refresher: Refresher,
     pub(crate) subscriber: Subscriber,
 }
@@ -99,7 +101,17 @@ impl Locker {
     /// as [`lock`](Self::lock).
     pub fn lock_with<K: AsRef<str>>(&self, keys: &[K], options: LockOptions) -> Result<LockGuard> {
         let started = Instant::now();
-        let keys = checked_keys(keys)?;
+        let names = checked_keys(keys)?;
+        let prefix = self.shared.prefix.as_str();
+        // The keys as Redis knows them; the caller's names are kept only when they differ.
+        let (keys, names) = if prefix.is_empty() {
+            (names, None)
+        } else {
+            (
+                names.iter().map(|k| format!("{prefix}{k}")).collect(),
+                Some(names),
+            )
+        };
         let ttl_ms = checked_ttl(options.ttl.unwrap_or(self.shared.default_ttl))?;
         let token = match options.token {
             Some(token) => {
@@ -141,6 +153,7 @@ impl Locker {
                     token_len,
                     ttl_ms,
                     fencing: options.fencing,
+                    prefix,
                 };
                 // Safe to repeat: taking keys that already hold our value again is a no-op.
                 self.shared
@@ -150,7 +163,7 @@ impl Locker {
             match outcome {
                 Acquired::Yes { fences } => {
                     let timing = Timing::new(ttl_ms, sent_at);
-                    let held = Held::new(keys, value, token_len, fences, timing);
+                    let held = Held::new(keys, value, token_len, fences, timing).named(names);
                     return LockGuard::new(Arc::clone(&self.shared), held, options.auto_refresh);
                 }
                 Acquired::WrongType { key, kind } => return Err(Error::WrongType { key, kind }),
@@ -204,6 +217,7 @@ impl fmt::Debug for Locker {
 pub struct LockerBuilder {
     pool_size: u32,
     default_ttl: Duration,
+    prefix: String,
     bounds: Bounds,
 }
 
@@ -212,6 +226,7 @@ impl Default for LockerBuilder {
         LockerBuilder {
             pool_size: 16,
             default_ttl: Duration::from_secs(30),
+            prefix: String::new(),
             bounds: Bounds {
                 connect: Duration::from_secs(2),
                 io: Duration::from_secs(2),
@@ -235,6 +250,17 @@ impl LockerBuilder {
     /// Defaults to 30 s.
     pub fn default_ttl(mut self, ttl: Duration) -> Self {
         self.default_ttl = ttl;
+        self
+    }
+
+    /// Text put before every key in Redis (and before each fencing counter), so that all
+    /// of the locker's keys share it: `prefix("locks:")` turns `lock(&["a"])` into the Redis
+    /// key `locks:a`, which makes an ACL rule like `~locks:*` enough. Guards report the
+    /// keys as given, without it.
+    ///
+    /// Defaults to none.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
         self
     }
 
@@ -323,6 +349,7 @@ impl LockerBuilder {
                 subscriber: Subscriber::new(pool.clone()),
                 pool,
                 default_ttl: self.default_ttl,
+                prefix: self.prefix,
             }),
         }
     }

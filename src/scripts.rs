@@ -48,6 +48,7 @@ pub(crate) fn acquire(
         token_len,
         ttl_ms,
         fencing,
+        prefix,
     } = *attempt;
     con.run(|con| {
         if let [key] = keys
@@ -68,7 +69,8 @@ pub(crate) fn acquire(
         let mut invocation = ACQUIRE.prepare_invoke();
         invocation.key(keys);
         if fencing {
-            invocation.key(keys.iter().map(|key| fence_key(key)).collect::<Vec<_>>());
+            let counters = keys.iter().map(|key| format!("{prefix}{}", fence_key(key)));
+            invocation.key(counters.collect::<Vec<_>>());
         }
         invocation
             .arg(value)
@@ -111,6 +113,8 @@ pub(crate) struct Attempt<'a> {
     pub(crate) token_len: usize,
     pub(crate) ttl_ms: u64,
     pub(crate) fencing: bool,
+    /// The locker's prefix, put before each fencing counter too.
+    pub(crate) prefix: &'a str,
 }
 
 /// One lock for [`refresh`]: its keys, its value and the TTL to set.

@@ -6,6 +6,7 @@ mod input;
 mod lock;
 mod props;
 mod refresh;
+mod security;
 mod server;
 mod stress;
 mod wake;

@@ -1,0 +1,81 @@
+//! A Redis user allowed only the locker's key prefix and the commands the library needs.
+
+use std::thread;
+use std::time::Duration;
+
+use redguard::{LockOptions, Locker};
+
+use crate::eventually;
+use crate::server::RedisServer;
+
+/// The minimal ACL rules, as README.md gives them.
+const RULES: &str = "resetkeys ~locks:* resetchannels &redguard:* -@all \
+    +set +evalsha +script|load +publish +subscribe +unsubscribe +ping +echo \
+    +msetnx +mset +pexpire +pttl +getrange +type +get +mget +del +incr";
+
+#[test]
+fn user_limited_to_the_prefix_and_the_needed_commands_can_do_everything() {
+    let server = RedisServer::start();
+    let mut rules = vec!["ACL", "SETUSER", "locker", "on", ">secret"];
+    rules.extend(RULES.split(' ').filter(|r| !r.is_empty()));
+    server.query::<()>(&rules);
+    let url = server.url().replace("redis://", "redis://locker:secret@");
+
+    // The user really is limited.
+    let mut con = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let outside: redis::RedisResult<()> = redis::cmd("SET").arg("other").arg("1").query(&mut con);
+    assert!(outside.is_err(), "a key outside the prefix was writable");
+    let flush: redis::RedisResult<()> = redis::cmd("FLUSHALL").query(&mut con);
+    assert!(flush.is_err(), "FLUSHALL was allowed");
+
+    let locker = Locker::builder()
+        .prefix("locks:")
+        .build(url.as_str())
+        .unwrap();
+    // One key (plain SET), several keys and fencing (scripts), with the refresher running.
+    let one = locker.lock(&["a"]).unwrap();
+    assert_eq!(one.keys(), ["a"]);
+    assert_eq!(server.query::<u32>(&["EXISTS", "locks:a"]), 1);
+    let fenced = LockOptions::default()
+        .fencing(true)
+        .ttl(Duration::from_millis(300));
+    let many = locker.lock_with(&["b", "c"], fenced).unwrap();
+    assert_eq!(many.fences(), [1, 1]);
+    assert_eq!(
+        server.query::<u32>(&["EXISTS", "locks:redguard:fence:{locks:b}"]),
+        1
+    );
+    many.refresh(Duration::from_millis(300)).unwrap();
+    assert!(many.ttl().unwrap().is_some());
+    thread::sleep(Duration::from_millis(700)); // refreshed in the background
+    assert!(!many.is_lost());
+
+    // A waiter woken by the release, and scripts loaded again after a flush.
+    let waiter = {
+        let locker = locker.clone();
+        thread::spawn(move || locker.lock(&["a"]).map(drop))
+    };
+    eventually(Duration::from_secs(5), "the waiter subscribes", || {
+        let counts: Vec<redis::Value> =
+            server.query(&["PUBSUB", "NUMSUB", "redguard:released:locks:a"]);
+        counts.get(1) == Some(&redis::Value::Int(1))
+    });
+    one.release().unwrap();
+    waiter.join().unwrap().unwrap();
+    server.query::<()>(&["SCRIPT", "FLUSH"]);
+    many.release().unwrap();
+    drop(
+        locker
+            .lock_with(&["d", "e"], LockOptions::default())
+            .unwrap(),
+    );
+    assert_eq!(
+        server
+            .query::<Vec<String>>(&["KEYS", "locks:[abcde]"])
+            .len(),
+        0
+    );
+}
