@@ -219,6 +219,10 @@ pub struct LockerBuilder {
     default_ttl: Duration,
     prefix: String,
     bounds: Bounds,
+    /// Root certificate (PEM) that `rediss://` servers must chain to, instead of the
+    /// system's roots.
+    #[cfg(feature = "tls")]
+    tls_root: Option<Vec<u8>>,
 }
 
 impl Default for LockerBuilder {
@@ -232,6 +236,8 @@ impl Default for LockerBuilder {
                 io: Duration::from_secs(2),
                 checkout: Duration::from_secs(3),
             },
+            #[cfg(feature = "tls")]
+            tls_root: None,
         }
     }
 }
@@ -261,6 +267,16 @@ impl LockerBuilder {
     /// Defaults to none.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
+        self
+    }
+
+    /// For `rediss://` URLs: the root certificate (PEM) the server's certificate must chain
+    /// to, for servers whose certificate a private CA signed. Needs the `tls` feature.
+    ///
+    /// Defaults to the system's root certificates.
+    #[cfg(feature = "tls")]
+    pub fn tls_root_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_root = Some(pem.into());
         self
     }
 
@@ -296,7 +312,8 @@ impl LockerBuilder {
     /// when the server cannot be reached within the checkout timeout.
     pub fn build<T: IntoConnectionInfo>(self, url: T) -> Result<Locker> {
         self.check()?;
-        let client = Client::open(url)
+        let client = self
+            .client(url)
             .map_err(|e| Error::InvalidInput(format!("bad redis connection info: {e}")))?;
         let pool = Pool::build(client, self.pool_size, self.bounds)?;
         Ok(self.locker(pool))
@@ -318,6 +335,25 @@ impl LockerBuilder {
         self.check()?;
         let io = self.bounds.io;
         Ok(self.locker(Pool::Given { pool, io }))
+    }
+
+    #[cfg(not(feature = "tls"))]
+    fn client<T: IntoConnectionInfo>(&self, url: T) -> redis::RedisResult<Client> {
+        Client::open(url)
+    }
+
+    #[cfg(feature = "tls")]
+    fn client<T: IntoConnectionInfo>(&self, url: T) -> redis::RedisResult<Client> {
+        match &self.tls_root {
+            None => Client::open(url),
+            Some(root) => Client::build_with_tls(
+                url,
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(root.clone()),
+                },
+            ),
+        }
     }
 
     fn check(&self) -> Result<()> {

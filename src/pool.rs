@@ -24,7 +24,7 @@ pub(crate) enum Pool {
     Own {
         pool: r2d2::Pool<BoundedClient>,
         /// For connections outside the pool (the subscriber's).
-        connector: BoundedClient,
+        connector: Box<BoundedClient>,
     },
     Given {
         pool: r2d2::Pool<Client>,
@@ -44,6 +44,7 @@ impl Pool {
             .test_on_check_out(false)
             .connection_timeout(bounds.checkout)
             .build(connector.clone())?;
+        let connector = Box::new(connector);
         Ok(Pool::Own { pool, connector })
     }
 
@@ -63,7 +64,7 @@ impl Pool {
     pub(crate) fn dedicated(&self, max_wait: Duration) -> Result<Dedicated> {
         match self {
             Pool::Own { connector, .. } => Ok(Dedicated::Own(
-                r2d2::ManageConnection::connect(connector)?.con,
+                r2d2::ManageConnection::connect(connector.as_ref())?.con,
             )),
             Pool::Given { pool, io } => {
                 let wait = max_wait.min(pool.connection_timeout());

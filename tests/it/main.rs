@@ -9,6 +9,7 @@ mod refresh;
 mod security;
 mod server;
 mod stress;
+mod tls;
 mod wake;
 
 use std::time::{Duration, Instant};

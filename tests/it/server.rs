@@ -15,13 +15,21 @@ pub struct RedisServer {
     port: u16,
     /// Where a persistent server keeps its append-only file; removed on drop.
     dir: Option<std::path::PathBuf>,
+    /// A TLS-only server's certificates: the directory, and the CA's certificate (PEM).
+    tls: Option<(std::path::PathBuf, Vec<u8>)>,
 }
 
 impl RedisServer {
     /// Starts a server on a free port of 127.0.0.1 and waits until it answers PING.
     /// Panics, saying how to install it, when `redis-server` is missing.
     pub fn start() -> RedisServer {
-        Self::start_on_free_port(None)
+        Self::start_on_free_port(None, None)
+    }
+
+    /// A server that speaks TLS only (`rediss://`), with the certificates in `certs`
+    /// (`ca.crt`, `server.crt`, `server.key`); `ca` is the CA certificate (PEM).
+    pub fn start_tls(certs: &std::path::Path, ca: Vec<u8>) -> RedisServer {
+        Self::start_on_free_port(None, Some((certs.to_path_buf(), ca)))
     }
 
     /// Like [`start`](Self::start), with every write in an append-only file fsynced at
@@ -31,17 +39,22 @@ impl RedisServer {
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("redguard-test-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("create the server's directory");
-        Self::start_on_free_port(Some(dir))
+        Self::start_on_free_port(Some(dir), None)
     }
 
-    fn start_on_free_port(dir: Option<std::path::PathBuf>) -> RedisServer {
+    fn start_on_free_port(
+        dir: Option<std::path::PathBuf>,
+        tls: Option<(std::path::PathBuf, Vec<u8>)>,
+    ) -> RedisServer {
         // A free port can be taken between our probe and the server's bind: try a few.
         for _ in 0..5 {
             let port = free_port();
+            let certs = tls.as_ref().map(|(certs, _)| certs.as_path());
             let mut server = RedisServer {
-                child: spawn(port, dir.as_deref()),
+                child: spawn(port, dir.as_deref(), certs),
                 port,
                 dir: dir.clone(),
+                tls: tls.clone(),
             };
             if server.wait_until_ready() {
                 return server;
@@ -59,7 +72,8 @@ impl RedisServer {
     /// Starts the server again on the same port (and directory), after [`kill`](Self::kill).
     pub fn restart(&mut self) {
         for _ in 0..50 {
-            self.child = spawn(self.port, self.dir.as_deref());
+            let certs = self.tls.as_ref().map(|(certs, _)| certs.as_path());
+            self.child = spawn(self.port, self.dir.as_deref(), certs);
             if self.wait_until_ready() {
                 return;
             }
@@ -91,11 +105,25 @@ impl RedisServer {
     }
 
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://127.0.0.1:{}/", self.port)
     }
 
     fn try_connection(&self) -> redis::RedisResult<redis::Connection> {
-        let client = redis::Client::open(self.url())?;
+        let client = match &self.tls {
+            None => redis::Client::open(self.url())?,
+            Some((_, ca)) => redis::Client::build_with_tls(
+                self.url(),
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(ca.clone()),
+                },
+            )?,
+        };
         let con = client.get_connection_with_timeout(Duration::from_secs(1))?;
         con.set_read_timeout(Some(Duration::from_secs(2)))?;
         con.set_write_timeout(Some(Duration::from_secs(2)))?;
@@ -157,13 +185,22 @@ impl Drop for RedisServer {
 }
 
 /// Starts `redis-server` on `port`: in memory only, or with every write fsynced to an
-/// append-only file in `dir`.
-fn spawn(port: u16, dir: Option<&std::path::Path>) -> Child {
+/// append-only file in `dir`; speaking TLS only when given `certs`.
+fn spawn(port: u16, dir: Option<&std::path::Path>, certs: Option<&std::path::Path>) -> Child {
     let binary = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
     let mut command = Command::new(&binary);
-    command
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-        .args(["--save", "", "--daemonize", "no"]);
+    command.args(["--bind", "127.0.0.1", "--save", "", "--daemonize", "no"]);
+    match certs {
+        None => command.args(["--port", &port.to_string()]),
+        Some(certs) => command
+            .args(["--port", "0", "--tls-port", &port.to_string()])
+            .args(["--tls-auth-clients", "no", "--tls-cert-file"])
+            .arg(certs.join("server.crt"))
+            .arg("--tls-key-file")
+            .arg(certs.join("server.key"))
+            .arg("--tls-ca-cert-file")
+            .arg(certs.join("ca.crt")),
+    };
     match dir {
         None => command.args(["--appendonly", "no"]),
         Some(dir) => command

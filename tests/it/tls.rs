@@ -1,0 +1,135 @@
+//! `rediss://`: locks over TLS, against a TLS-only redis-server with a certificate made here.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::thread;
+use std::time::Duration;
+
+use redguard::{Error, LockOptions, Locker};
+
+use crate::server::RedisServer;
+
+/// A private CA and a server certificate for 127.0.0.1, made with the `openssl` command.
+struct Certificates {
+    dir: PathBuf,
+    ca: Vec<u8>,
+}
+
+impl Certificates {
+    fn make() -> Certificates {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("redguard-tls-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("san.cnf"), "subjectAltName=IP:127.0.0.1\n").unwrap();
+        let run = |args: &[&str]| {
+            let status = Command::new("openssl")
+                .args(args)
+                .current_dir(&dir)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .expect("the `openssl` command makes the test certificates: install openssl");
+            assert!(status.success(), "openssl {args:?} failed");
+        };
+        run(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=redguard test CA",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+        ]);
+        run(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+        ]);
+        run(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "1",
+            "-extfile",
+            "san.cnf",
+            "-out",
+            "server.crt",
+        ]);
+        let ca = std::fs::read(dir.join("ca.crt")).unwrap();
+        Certificates { dir, ca }
+    }
+
+    fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for Certificates {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[test]
+fn locks_work_over_tls_with_a_private_ca() {
+    let certs = Certificates::make();
+    let server = RedisServer::start_tls(certs.dir(), certs.ca.clone());
+    assert!(server.url().starts_with("rediss://"));
+
+    let locker = Locker::builder()
+        .tls_root_cert(certs.ca.clone())
+        .build(server.url())
+        .unwrap();
+    let guard = locker
+        .lock_with(
+            &["k", "j"],
+            LockOptions::default()
+                .fencing(true)
+                .ttl(Duration::from_millis(300)),
+        )
+        .unwrap();
+    assert_eq!(guard.fences(), [1, 1]);
+    thread::sleep(Duration::from_millis(700)); // the refresher works over TLS too
+    assert!(!guard.is_lost());
+
+    // A waiter woken over TLS (the subscriber's connection is TLS as well).
+    let waiter = {
+        let locker = locker.clone();
+        thread::spawn(move || locker.lock(&["k"]).map(drop))
+    };
+    thread::sleep(Duration::from_millis(200));
+    guard.release().unwrap();
+    waiter.join().unwrap().unwrap();
+}
+
+#[test]
+fn tls_server_not_signed_by_a_trusted_root_is_refused() {
+    let certs = Certificates::make();
+    let server = RedisServer::start_tls(certs.dir(), certs.ca.clone());
+    // No root given: the system's roots do not include our private CA.
+    let result = Locker::builder()
+        .checkout_timeout(Duration::from_millis(500))
+        .build(server.url());
+    assert!(matches!(result, Err(Error::Pool(_))), "{result:?}");
+}
