@@ -297,12 +297,20 @@ fn killed_pool_connections_are_replaced_without_help() {
     for _ in 0..8 {
         drop(locker.lock(&["warm"]).unwrap()); // every pooled connection in use
     }
+    // Mid-use: a guard is held, and auto-refreshed, when every connection is killed.
+    let held = locker
+        .lock_with(
+            &["held"],
+            LockOptions::default().ttl(Duration::from_secs(3)),
+        )
+        .unwrap();
     let killed: u32 = server.query(&["CLIENT", "KILL", "TYPE", "normal"]);
     assert!(killed >= 4, "killed {killed}");
 
     // Not one call fails: each finds its connection closed, drops it and uses another.
+    assert!(held.ttl().unwrap().is_some());
+    held.refresh(Duration::from_secs(3)).unwrap();
     let guard = locker.lock(&["k"]).unwrap();
-    assert!(guard.ttl().unwrap().is_some());
-    guard.refresh(Duration::from_secs(10)).unwrap();
     guard.release().unwrap();
+    held.release().unwrap();
 }
