@@ -301,15 +301,21 @@ fn killed_pool_connections_are_replaced_without_help() {
     let held = locker
         .lock_with(
             &["held"],
-            LockOptions::default().ttl(Duration::from_secs(3)),
+            LockOptions::default().ttl(Duration::from_millis(600)),
         )
         .unwrap();
     let killed: u32 = server.query(&["CLIENT", "KILL", "TYPE", "normal"]);
     assert!(killed >= 4, "killed {killed}");
 
+    // The refresher's next round trips (every 200 ms) find their connections closed too.
+    std::thread::sleep(Duration::from_millis(700));
+    assert!(
+        !held.is_lost(),
+        "the refresher gave up on a killed connection"
+    );
     // Not one call fails: each finds its connection closed, drops it and uses another.
     assert!(held.ttl().unwrap().is_some());
-    held.refresh(Duration::from_secs(3)).unwrap();
+    held.refresh(Duration::from_millis(600)).unwrap();
     let guard = locker.lock(&["k"]).unwrap();
     guard.release().unwrap();
     held.release().unwrap();
