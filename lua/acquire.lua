@@ -15,12 +15,24 @@ if not token_len or token_len < 1 or token_len > #ARGV[1] or not ttl or ttl < 1
   return redis.error_reply('ERR redguard acquire: bad token length, ttl or key count')
 end
 
--- A counter must be absent or a number: INCR must not fail after the keys are set.
+-- Every counter must be absent, or a plain non-negative integer small enough for INCR and
+-- for Lua's numbers to stay exact, and none may be one of the lock keys: so that no INCR
+-- can fail once the keys are set (a script is not rolled back).
 if fencing then
+  local locked = {}
+  for i = 1, n do
+    locked[KEYS[i]] = true
+  end
   for i = n + 1, #KEYS do
     local kind = redis.call('type', KEYS[i]).ok
-    if kind ~= 'none' and (kind ~= 'string' or not tonumber(redis.call('get', KEYS[i]))) then
-      return {'wrongtype', KEYS[i], kind}
+    if locked[KEYS[i]] then
+      return {'wrongtype', KEYS[i], 'lock key that is also a fencing counter'}
+    end
+    if kind ~= 'none' then
+      local value = kind == 'string' and redis.call('get', KEYS[i])
+      if not value or not string.match(value, '^%d+$') or #value > 15 then
+        return {'wrongtype', KEYS[i], kind .. ', not a fencing counter'}
+      end
     end
   end
 end
@@ -61,7 +73,7 @@ end
 local fences = {'fences'}
 for i = n + 1, #KEYS do
   local current = redis.call('get', KEYS[i])
-  if fresh or not current then
+  if fresh or not current or tonumber(current) < 1 then
     fences[#fences + 1] = redis.call('incr', KEYS[i])
   else
     fences[#fences + 1] = tonumber(current)

@@ -83,10 +83,17 @@ pub(crate) fn acquire(
             Value::Int(0) => Acquired::HeldElsewhere,
             other => match redis::from_redis_value::<Vec<Value>>(other)?.as_slice() {
                 [tag, fences @ ..] if *tag == Value::BulkString(b"fences".to_vec()) => {
+                    // A token is at least 1: never let a bad reply wrap around to a huge one.
                     let fences = fences
                         .iter()
-                        .map(redis::from_redis_value_ref::<u64>)
-                        .collect::<Result<_, _>>()?;
+                        .map(|fence| match redis::from_redis_value_ref::<i64>(fence)? {
+                            fence @ 1.. => Ok(fence.unsigned_abs()),
+                            _ => Err(RedisError::from((
+                                ErrorKind::UnexpectedReturnType,
+                                "acquire script gave a fencing token under 1",
+                            ))),
+                        })
+                        .collect::<RedisResult<_>>()?;
                     Acquired::Yes { fences }
                 }
                 [_, key, kind] => Acquired::WrongType {

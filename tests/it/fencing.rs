@@ -85,20 +85,40 @@ fn counters_outlive_their_locks_and_share_the_keys_hash_slot() {
 }
 
 #[test]
-fn counter_of_another_type_is_reported_and_nothing_is_taken() {
+fn counter_that_incr_would_refuse_is_reported_and_nothing_is_taken() {
     let server = RedisServer::start();
     let locker = locker(&server);
-    server.query::<()>(&["SET", "redguard:fence:{k}", "not a number"]);
-
-    match locker.lock_with(&["k"], fenced()) {
-        Err(Error::WrongType { key, .. }) => assert_eq!(key, "redguard:fence:{k}"),
-        other => panic!("expected WrongType, got {other:?}"),
+    for bad in [
+        "not a number",
+        "1.5",
+        " 7",
+        "0x10",
+        "-3",
+        "9223372036854775807",
+    ] {
+        // The bad counter is the second key's: the first one's must not move either.
+        server.query::<()>(&["SET", "redguard:fence:{a}", "5"]);
+        server.query::<()>(&["SET", "redguard:fence:{b}", bad]);
+        match locker.lock_with(&["a", "b"], fenced()) {
+            Err(Error::WrongType { key, kind }) => {
+                assert_eq!(key, "redguard:fence:{b}", "{bad:?}");
+                assert!(kind.contains("not a fencing counter"), "{kind}");
+            }
+            other => panic!("{bad:?}: expected WrongType, got {other:?}"),
+        }
+        assert_eq!(server.query::<u32>(&["EXISTS", "a", "b"]), 0, "{bad:?}");
+        assert_eq!(server.query::<String>(&["GET", "redguard:fence:{a}"]), "5");
+        assert_eq!(server.query::<String>(&["GET", "redguard:fence:{b}"]), bad);
     }
-    assert_eq!(server.query::<u32>(&["EXISTS", "k"]), 0);
-    assert_eq!(
-        server.query::<String>(&["GET", "redguard:fence:{k}"]),
-        "not a number"
-    );
+}
+
+#[test]
+fn lock_key_that_is_another_keys_counter_is_refused() {
+    let server = RedisServer::start();
+    let locker = locker(&server);
+    let result = locker.lock_with(&["k", "redguard:fence:{k}"], fenced());
+    assert!(matches!(result, Err(Error::WrongType { .. })), "{result:?}");
+    assert_eq!(server.query::<u32>(&["DBSIZE"]), 0, "nothing written");
 }
 
 /// The Redis Cluster hash slot of `key` (CRC16-XMODEM of its hash tag, or of the key).

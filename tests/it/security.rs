@@ -39,18 +39,22 @@ fn user_limited_to_the_prefix_and_the_needed_commands_can_do_everything() {
     let one = locker.lock(&["a"]).unwrap();
     assert_eq!(one.keys(), ["a"]);
     assert_eq!(server.query::<u32>(&["EXISTS", "locks:a"]), 1);
-    let fenced = LockOptions::default()
-        .fencing(true)
-        .ttl(Duration::from_millis(300));
-    let many = locker.lock_with(&["b", "c"], fenced).unwrap();
+    let ttl = Duration::from_millis(1500);
+    let many = locker
+        .lock_with(&["b", "c"], LockOptions::default().fencing(true).ttl(ttl))
+        .unwrap();
     assert_eq!(many.fences(), [1, 1]);
     assert_eq!(
         server.query::<u32>(&["EXISTS", "locks:redguard:fence:{locks:b}"]),
         1
     );
-    many.refresh(Duration::from_millis(300)).unwrap();
+    many.refresh(ttl).unwrap();
     assert!(many.ttl().unwrap().is_some());
-    thread::sleep(Duration::from_millis(700)); // refreshed in the background
+    // Refreshed in the background, at a third of the TTL: the server's TTL goes back up.
+    thread::sleep(Duration::from_millis(700));
+    eventually(Duration::from_secs(3), "a background refresh", || {
+        server.query::<i64>(&["PTTL", "locks:b"]) > 1000
+    });
     assert!(!many.is_lost());
 
     // A waiter woken by the release, and scripts loaded again after a flush.

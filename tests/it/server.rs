@@ -38,6 +38,8 @@ impl RedisServer {
         static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("redguard-test-{}-{n}", std::process::id()));
+        // A killed earlier run with the same process id may have left an old file there.
+        let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("create the server's directory");
         Self::start_on_free_port(Some(dir), None)
     }
@@ -59,6 +61,7 @@ impl RedisServer {
             if server.wait_until_ready() {
                 return server;
             }
+            server.dir = None; // the next try uses the directory: keep it
         }
         panic!("redis-server did not come up on a free port after 5 tries");
     }
@@ -72,6 +75,7 @@ impl RedisServer {
     /// Starts the server again on the same port (and directory), after [`kill`](Self::kill).
     pub fn restart(&mut self) {
         for _ in 0..50 {
+            self.kill(); // a try that did not come up must not linger
             let certs = self.tls.as_ref().map(|(certs, _)| certs.as_path());
             self.child = spawn(self.port, self.dir.as_deref(), certs);
             if self.wait_until_ready() {

@@ -5,8 +5,9 @@ use std::process::Command;
 use std::thread;
 use std::time::Duration;
 
-use redguard::{Error, LockOptions, Locker};
+use redguard::{Error, LockOptions, Locker, Retry};
 
+use crate::eventually;
 use crate::server::RedisServer;
 
 /// A private CA and a server certificate for 127.0.0.1, made with the `openssl` command.
@@ -101,26 +102,41 @@ fn locks_work_over_tls_with_a_private_ca() {
         .tls_root_cert(certs.ca.clone())
         .build(server.url())
         .unwrap();
+    let ttl = Duration::from_millis(1500);
     let guard = locker
-        .lock_with(
-            &["k", "j"],
-            LockOptions::default()
-                .fencing(true)
-                .ttl(Duration::from_millis(300)),
-        )
+        .lock_with(&["k", "j"], LockOptions::default().fencing(true).ttl(ttl))
         .unwrap();
     assert_eq!(guard.fences(), [1, 1]);
-    thread::sleep(Duration::from_millis(700)); // the refresher works over TLS too
+    // The refresher works over TLS too: the server's TTL goes back up.
+    thread::sleep(Duration::from_millis(700));
+    eventually(Duration::from_secs(3), "a background refresh", || {
+        guard
+            .ttl()
+            .unwrap()
+            .is_some_and(|left| left > Duration::from_millis(1000))
+    });
     assert!(!guard.is_lost());
 
-    // A waiter woken over TLS (the subscriber's connection is TLS as well).
+    // A waiter woken over TLS (the subscriber's connection is TLS as well): it retries
+    // only every 10 s, so only the release notification can hand the lock over quickly.
     let waiter = {
         let locker = locker.clone();
-        thread::spawn(move || locker.lock(&["k"]).map(drop))
+        let patient = LockOptions::default().retry(Retry::linear(Duration::from_secs(10)));
+        thread::spawn(move || locker.lock_with(&["k"], patient).map(drop))
     };
-    thread::sleep(Duration::from_millis(200));
+    eventually(Duration::from_secs(5), "the waiter subscribes", || {
+        let counts: Vec<redis::Value> = server.query(&["PUBSUB", "NUMSUB", "redguard:released:k"]);
+        counts.get(1) == Some(&redis::Value::Int(1))
+    });
+    thread::sleep(Duration::from_millis(100)); // past its attempt after subscribing
+    let released = std::time::Instant::now();
     guard.release().unwrap();
     waiter.join().unwrap().unwrap();
+    assert!(
+        released.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        released.elapsed()
+    );
 }
 
 #[test]
