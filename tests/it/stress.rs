@@ -39,9 +39,19 @@ fn processes_and_threads_never_overlap_and_tokens_rise() {
         })
         .collect();
 
+    // Drain every child at once: a child blocked on a full pipe would stop competing.
+    let readers: Vec<_> = children
+        .into_iter()
+        .map(|child| thread::spawn(move || child.wait_with_output().unwrap()))
+        .collect();
+    let deadline = Instant::now() + RUN + Duration::from_secs(60);
     let mut sections: HashMap<String, Vec<Section>> = HashMap::new();
-    for child in children {
-        let output = child.wait_with_output().unwrap();
+    for reader in readers {
+        while !reader.is_finished() {
+            assert!(Instant::now() < deadline, "a child process hung");
+            thread::sleep(Duration::from_millis(20));
+        }
+        let output = reader.join().unwrap();
         let stdout = String::from_utf8_lossy(&output.stdout);
         assert!(
             output.status.success(),
@@ -58,7 +68,10 @@ fn processes_and_threads_never_overlap_and_tokens_rise() {
             });
             logged += 1;
         }
-        assert!(logged > 0, "a child logged no critical section");
+        assert!(
+            logged >= 20,
+            "a child logged only {logged} critical sections"
+        );
     }
 
     for key in KEYS {
@@ -86,7 +99,9 @@ fn processes_and_threads_never_overlap_and_tokens_rise() {
 #[test]
 #[ignore = "run by processes_and_threads_never_overlap_and_tokens_rise"]
 fn stress_child() {
-    let url = std::env::var("REDGUARD_STRESS_URL").expect("run by the parent test");
+    let Ok(url) = std::env::var("REDGUARD_STRESS_URL") else {
+        return; // run alone (say with --include-ignored): nothing to do
+    };
     let locker = Locker::connect(url).unwrap();
     let until = Instant::now() + RUN;
     let options = LockOptions::default()
@@ -103,7 +118,8 @@ fn stress_child() {
                     round += 1;
                     let guard = locker.lock_with(&[key], options.clone()).unwrap();
                     let start = now_ns();
-                    thread::yield_now(); // a moment inside, for others to collide with
+                    // A while inside, for the others to collide with if exclusion failed.
+                    thread::sleep(Duration::from_micros(200));
                     let end = now_ns();
                     let token = guard.fence().unwrap();
                     guard.release().unwrap();
