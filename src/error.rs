@@ -15,9 +15,10 @@ pub enum Error {
     LockLost,
     /// The request was rejected before any round trip to Redis.
     InvalidInput(String),
-    /// A key already holds another Redis type (a list, a hash, ...); it was left untouched.
+    /// A key already holds another Redis type (a list, a hash, ...), or a fencing counter
+    /// holds something other than a counter; it was left untouched, and nothing was taken.
     WrongType {
-        /// The key that holds another type.
+        /// The key as given to the lock call, or a fencing counter's Redis name.
         key: String,
         /// The type Redis reports for it (`list`, `hash`, `set`, ...).
         kind: String,

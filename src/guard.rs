@@ -57,7 +57,8 @@ impl LockGuard {
     /// [`LockOptions::fencing`](crate::LockOptions::fencing)). Every new acquisition of a
     /// key gets a larger token than any before it, so a resource that remembers the
     /// largest token it has seen can refuse a write from a holder whose lock has since
-    /// passed to someone else.
+    /// passed to someone else — as long as Redis keeps the counters (see
+    /// [`LockOptions::fencing`](crate::LockOptions::fencing)).
     pub fn fences(&self) -> &[u64] {
         &self.held.fences
     }
@@ -140,7 +141,9 @@ impl LockGuard {
     /// # Errors
     /// [`Error::LockLost`] when the keys no longer held this guard's value (nothing is
     /// deleted then), or when the lock was already known lost (the keys are still deleted
-    /// if they hold this guard's value); [`Error::Redis`] or [`Error::Pool`] when Redis
+    /// if they hold this guard's value). Rarely, after the server closed the connection
+    /// mid-request, the release is sent again and reports `LockLost` although the first
+    /// one had deleted the keys: a loss is over-reported, never hidden; [`Error::Redis`] or [`Error::Pool`] when Redis
     /// cannot be asked (the keys then expire with their TTL).
     pub fn release(mut self) -> Result<()> {
         self.released = true;

@@ -166,7 +166,15 @@ impl Locker {
                     let held = Held::new(keys, value, token_len, fences, timing).named(names);
                     return LockGuard::new(Arc::clone(&self.shared), held, options.auto_refresh);
                 }
-                Acquired::WrongType { key, kind } => return Err(Error::WrongType { key, kind }),
+                Acquired::WrongType { key, kind } => {
+                    // Name a lock key as the caller did; a fencing counter by its Redis name.
+                    let named = keys
+                        .iter()
+                        .position(|k| *k == key)
+                        .and_then(|i| names.as_ref().and_then(|names| names.get(i).cloned()));
+                    let key = named.unwrap_or(key);
+                    return Err(Error::WrongType { key, kind });
+                }
                 Acquired::HeldElsewhere => {}
             }
             let now = Instant::now();
@@ -272,6 +280,7 @@ impl LockerBuilder {
 
     /// For `rediss://` URLs: the root certificate (PEM) the server's certificate must chain
     /// to, for servers whose certificate a private CA signed. Needs the `tls` feature.
+    /// Used by [`build`](Self::build) only: a pool you build has its own client.
     ///
     /// Defaults to the system's root certificates.
     #[cfg(feature = "tls")]

@@ -124,6 +124,12 @@ impl LockOptions {
     /// takes one small Redis string (about 60 bytes plus the key's length) for every key
     /// ever locked with fencing. Use fencing for every lock on a key, or none.
     ///
+    /// Tokens only rise while Redis keeps the counters: use the append-only file
+    /// (`appendfsync always` to survive a crash), a `maxmemory-policy` that never evicts
+    /// keys without a TTL (`noeviction` or `volatile-*`), and no failover to a replica that
+    /// may lag. A counter lost any other way (`FLUSHDB`, a restart without persistence)
+    /// starts again from 1.
+    ///
     /// Defaults to `false`.
     pub fn fencing(mut self, fencing: bool) -> Self {
         self.fencing = fencing;

@@ -77,7 +77,8 @@ impl Pool {
     /// Runs `request` on a pooled connection. A connection the server had closed (after a
     /// restart, `CLIENT KILL`, an idle timeout) fails at once and is thrown away; the
     /// request then runs again on another, up to once per pooled connection. Only for
-    /// requests that are safe to repeat: the server never answered the failed one.
+    /// requests whose repeat does no harm: the server may have run the first one before
+    /// the connection closed.
     pub(crate) fn run<T>(&self, mut request: impl FnMut(&mut Conn) -> RedisResult<T>) -> Result<T> {
         let mut tries = 0;
         loop {

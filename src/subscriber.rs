@@ -55,6 +55,8 @@ struct State {
     /// Keys whose channel the thread has yet to subscribe to.
     pending: Vec<String>,
     stopping: bool,
+    /// Set by the thread as it ends.
+    finished: bool,
 }
 
 struct Watch {
@@ -154,12 +156,30 @@ impl Drop for Subscriber {
         self.board.changed.notify_all();
         if let Some(handle) = self.thread.get_mut().take() {
             self.wake_thread();
-            // Bounded: the thread looks up at least every SWEEP, or after a connect or
-            // checkout, each bounded by the pool's timeouts.
+            // The thread looks up at least every SWEEP, or after a connect or checkout;
+            // those are bounded too, except a TLS handshake (redis-rs gives it no timeout).
+            // So wait a bounded time, then let the thread end on its own: it holds nothing
+            // of the locker's but the pool and the board.
+            let deadline = Instant::now() + SWEEP + STOP_GRACE;
+            let mut state = self.board.state.lock();
+            while !state.finished {
+                if self
+                    .board
+                    .changed
+                    .wait_until(&mut state, deadline)
+                    .timed_out()
+                {
+                    return;
+                }
+            }
+            drop(state);
             let _ = handle.join();
         }
     }
 }
+
+/// How long, beyond a [`SWEEP`], dropping a locker waits for its subscriber thread.
+const STOP_GRACE: Duration = Duration::from_secs(3);
 
 /// One waiter's registration; unregisters on drop.
 pub(crate) struct Ticket<'a> {
@@ -312,6 +332,12 @@ impl State {
 
 /// The thread: (re)connect, subscribe, listen, until the locker is gone.
 fn run(board: &Board, pool: &Pool) {
+    listen_until_stopped(board, pool);
+    board.state.lock().finished = true;
+    board.changed.notify_all();
+}
+
+fn listen_until_stopped(board: &Board, pool: &Pool) {
     let mut backoff = Duration::from_millis(10);
     loop {
         if board.state.lock().stopping {
