@@ -4,13 +4,13 @@
 //! update both. A key's slot is the hash of its hash tag (the text between its first `{`
 //! and the next `}`, when not empty), or else of the whole key.
 
-/// The counter of `key`: `redguard:fence:` followed by the key when the key has a hash
-/// tag (the counter then has the same tag), or by the key in braces (the whole key becomes
-/// the tag). A key with a `}` but no tag cannot be wrapped; its counter is in another slot,
-/// which matters only on a cluster.
+/// The counter of `key`: `redguard:fence:{<key>}` (the whole key becomes the hash tag),
+/// or `redguard:fence:t:<key>` when the key has a hash tag of its own (the counter then
+/// has the same tag). The two forms never collide. A key with a `}` but no tag cannot be
+/// wrapped either; its counter is in another slot, which matters only on a cluster.
 pub(crate) fn fence_key(key: &str) -> String {
     if has_hash_tag(key) || key.contains('}') {
-        format!("redguard:fence:{key}")
+        format!("redguard:fence:t:{key}")
     } else {
         format!("redguard:fence:{{{key}}}")
     }
@@ -29,9 +29,15 @@ mod tests {
 
     #[test]
     fn counter_keeps_the_keys_hash_tag() {
-        assert_eq!(fence_key("{user42}:a"), "redguard:fence:{user42}:a");
+        assert_eq!(fence_key("{user42}:a"), "redguard:fence:t:{user42}:a");
         assert_eq!(fence_key("job:7"), "redguard:fence:{job:7}");
-        assert_eq!(fence_key("{}x"), "redguard:fence:{}x");
+        assert_eq!(fence_key("{}x"), "redguard:fence:t:{}x");
         assert_eq!(fence_key("ключ"), "redguard:fence:{ключ}");
+    }
+
+    #[test]
+    fn different_keys_never_share_a_counter() {
+        assert_ne!(fence_key("a"), fence_key("{a}"));
+        assert_ne!(fence_key("t:{a}"), fence_key("{t:{a}}"));
     }
 }

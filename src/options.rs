@@ -117,7 +117,7 @@ impl LockOptions {
 
     /// Whether the acquisition also takes a fencing token per key
     /// ([`LockGuard::fences`](crate::LockGuard::fences)): in the same atomic step, each
-    /// key's counter (`redguard:fence:{<key>}`, or `redguard:fence:<key>` for a key with a
+    /// key's counter (`redguard:fence:{<key>}`, or `redguard:fence:t:<key>` for a key with a
     /// hash tag; with a locker prefix `p`, `p` + that, around the prefixed key) is
     /// incremented, so every new acquisition of a key gets a strictly larger token than
     /// the last; a re-obtain by the same owner keeps its token. Counters never expire: each

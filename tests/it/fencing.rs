@@ -72,7 +72,7 @@ fn counters_outlive_their_locks_and_share_the_keys_hash_slot() {
         .unwrap();
     guard.release().unwrap();
 
-    for counter in ["redguard:fence:{job:7}", "redguard:fence:{user42}:a"] {
+    for counter in ["redguard:fence:{job:7}", "redguard:fence:t:{user42}:a"] {
         assert_eq!(server.query::<u64>(&["GET", counter]), 1, "{counter}");
         assert_eq!(
             server.query::<i64>(&["PTTL", counter]),
@@ -81,7 +81,7 @@ fn counters_outlive_their_locks_and_share_the_keys_hash_slot() {
         );
     }
     assert_eq!(slot("job:7"), slot("redguard:fence:{job:7}"));
-    assert_eq!(slot("{user42}:a"), slot("redguard:fence:{user42}:a"));
+    assert_eq!(slot("{user42}:a"), slot("redguard:fence:t:{user42}:a"));
 }
 
 #[test]
