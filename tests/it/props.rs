@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
-use redguard::{Error, LockGuard, LockOptions, MAX_TTL, Retry};
+use redguard::{Error, LockGuard, LockOptions, Locker, MAX_TTL, Retry};
 
 use crate::locker;
 use crate::server::RedisServer;
@@ -49,49 +49,81 @@ fn valid(keys: &[String], ttl: Duration) -> bool {
 #[test]
 fn generated_input_never_panics_and_leaves_no_stray_keys() {
     let server = RedisServer::start();
-    let locker = locker(&server);
-    let live: RefCell<Vec<LockGuard>> = RefCell::new(Vec::new());
+    let plain = locker(&server);
+    let prefixed = Locker::builder()
+        .prefix("pre:")
+        .build(server.url())
+        .unwrap();
+    // Live guards, with the prefix their keys carry in Redis.
+    let live: RefCell<Vec<(&str, LockGuard)>> = RefCell::new(Vec::new());
     let mut runner = TestRunner::new(Config {
         cases: 96,
         failure_persistence: None,
         ..Config::default()
     });
-    let input = (proptest::collection::vec(key(), 0..5), ttl(), any::<bool>());
+    let input = (
+        proptest::collection::vec(key(), 0..5),
+        ttl(),
+        any::<bool>(), // keep the guard
+        any::<bool>(), // fencing
+        any::<bool>(), // prefixed locker
+    );
 
     runner
-        .run(&input, |(keys, ttl, keep)| {
+        .run(&input, |(keys, ttl, keep, fencing, with_prefix)| {
+            let (locker, prefix) = if with_prefix {
+                (&prefixed, "pre:")
+            } else {
+                (&plain, "")
+            };
             let options = LockOptions::default()
                 .ttl(ttl)
+                .fencing(fencing)
                 .retry(Retry::none())
                 .auto_refresh(false);
             match locker.lock_with(&keys, options) {
                 Ok(guard) => {
                     prop_assert!(valid(&keys, ttl), "accepted bad input");
+                    prop_assert_eq!(guard.fences().len(), if fencing { keys.len() } else { 0 });
+                    prop_assert!(guard.fences().iter().all(|&f| f >= 1));
                     if keep {
-                        live.borrow_mut().push(guard);
+                        live.borrow_mut().push((prefix, guard));
                     }
                 }
                 Err(Error::InvalidInput(why)) => {
-                    prop_assert!(!valid(&keys, ttl), "refused good input: {why}");
+                    prop_assert!(!valid(&keys, ttl), "refused good input: {}", why);
                     prop_assert!(!why.is_empty());
                 }
-                // A key of a live guard, or a same-named one from an earlier case.
+                // A key of a live guard (or a counter's, as a plain lock key).
                 Err(Error::NotObtained) => prop_assert!(valid(&keys, ttl)),
+                // With fencing, a generated key that names a counter: refused unwritten.
+                Err(Error::WrongType { .. }) => prop_assert!(valid(&keys, ttl) && fencing),
                 Err(other) => return Err(TestCaseError::fail(format!("{other:?}"))),
             }
             let held: HashSet<String> = live
                 .borrow()
                 .iter()
-                .flat_map(|g| g.keys().to_vec())
+                .flat_map(|(prefix, g)| g.keys().iter().map(move |k| format!("{prefix}{k}")))
                 .collect();
             let stored: Vec<String> = server.query(&["KEYS", "*"]);
             for key in stored {
-                prop_assert!(held.contains(&key), "stray key of {} bytes", key.len());
+                let counter =
+                    key.starts_with("redguard:fence:") || key.starts_with("pre:redguard:fence:");
+                prop_assert!(
+                    held.contains(&key) || counter,
+                    "stray key of {} bytes",
+                    key.len()
+                );
             }
             Ok(())
         })
         .unwrap();
 
     live.borrow_mut().clear(); // releases
-    assert_eq!(server.query::<u32>(&["DBSIZE"]), 0);
+    let left: Vec<String> = server.query(&["KEYS", "*"]);
+    assert!(
+        left.iter().all(|k| k.contains("redguard:fence:")),
+        "{} keys left",
+        left.len()
+    );
 }
