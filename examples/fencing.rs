@@ -41,17 +41,7 @@ impl Storage {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let (url, _server) = match std::env::var("REDIS_URL") {
-        Ok(url) => (url, None),
-        Err(_) => {
-            let server = server::RedisServer::start();
-            println!(
-                "REDIS_URL is not set: started a throwaway redis-server at {}",
-                server.url()
-            );
-            (server.url(), Some(server))
-        }
-    };
+    let (url, _server) = server::url_or_throwaway();
     let locker = Locker::connect(url.as_str())?;
     let storage = Storage::default();
     let ttl = Duration::from_millis(200);

@@ -36,17 +36,7 @@ fn main() -> std::process::ExitCode {
 
 fn demo() -> Result<(), Box<dyn Error>> {
     // Keep the throwaway server (if any) alive until the end of main.
-    let (url, _server) = match std::env::var("REDIS_URL") {
-        Ok(url) => (url, None),
-        Err(_) => {
-            let server = server::RedisServer::start();
-            println!(
-                "REDIS_URL is not set: started a throwaway redis-server at {}",
-                server.url()
-            );
-            (server.url(), Some(server))
-        }
-    };
+    let (url, _server) = server::url_or_throwaway();
     let locker = Locker::connect(url.as_str())?;
     let mut raw =
         redis::Client::open(url.as_str())?.get_connection_with_timeout(Duration::from_secs(2))?;

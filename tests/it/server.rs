@@ -220,6 +220,23 @@ fn spawn(port: u16, dir: Option<&std::path::Path>, certs: Option<&std::path::Pat
     }
 }
 
+/// For the demos: the server at `REDIS_URL` when set, else a throwaway one (said on stdout,
+/// and kept alive as long as the returned handle).
+#[allow(dead_code)] // for the demos, not the tests
+pub fn url_or_throwaway() -> (String, Option<RedisServer>) {
+    match std::env::var("REDIS_URL") {
+        Ok(url) => (url, None),
+        Err(_) => {
+            let server = RedisServer::start();
+            println!(
+                "REDIS_URL is not set: started a throwaway redis-server at {}",
+                server.url()
+            );
+            (server.url(), Some(server))
+        }
+    }
+}
+
 /// A loopback port that nothing listened on a moment ago.
 pub fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");

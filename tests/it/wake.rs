@@ -45,6 +45,23 @@ fn waiter(
     })
 }
 
+/// `key` held, and a thread waiting for it with its subscription active.
+fn held_and_awaited(
+    server: &RedisServer,
+    locker: &Locker,
+    key: &'static str,
+) -> (
+    redguard::LockGuard,
+    thread::JoinHandle<(redguard::Result<redguard::LockGuard>, Instant)>,
+) {
+    let holder = locker.lock(&[key]).unwrap();
+    let waiting = waiter(locker, key);
+    eventually(QUICK * 5, "the waiter subscribes", || {
+        listeners(server, key) == 1
+    });
+    (holder, waiting)
+}
+
 #[test]
 fn waiter_is_woken_by_the_release_not_by_its_retry_delay() {
     let server = RedisServer::start();
@@ -99,11 +116,7 @@ fn release_right_after_the_first_attempt_is_not_missed() {
 fn lost_notifications_still_end_in_the_lock_taken() {
     let server = RedisServer::start();
     let locker = locker(&server);
-    let holder = locker.lock(&["k"]).unwrap();
-    let waiting = waiter(&locker, "k");
-    eventually(QUICK * 5, "the waiter subscribes", || {
-        listeners(&server, "k") == 1
-    });
+    let (holder, waiting) = held_and_awaited(&server, &locker, "k");
 
     // Cut the subscriber's connection and release while it is gone.
     server.query::<()>(&["CLIENT", "KILL", "TYPE", "pubsub"]);
@@ -141,11 +154,7 @@ fn holder_that_never_releases_is_outlasted_by_its_ttl() {
 fn channels_are_unsubscribed_once_no_one_waits() {
     let server = RedisServer::start();
     let locker = locker(&server);
-    let holder = locker.lock(&["k"]).unwrap();
-    let waiting = waiter(&locker, "k");
-    eventually(QUICK * 5, "the waiter subscribes", || {
-        listeners(&server, "k") == 1
-    });
+    let (holder, waiting) = held_and_awaited(&server, &locker, "k");
     holder.release().unwrap();
     drop(waiting.join().unwrap().0.unwrap());
 
@@ -159,11 +168,7 @@ fn channels_are_unsubscribed_once_no_one_waits() {
 fn subscriber_connection_closes_with_its_locker() {
     let server = RedisServer::start();
     let locker = locker(&server);
-    let holder = locker.lock(&["k"]).unwrap();
-    let waiting = waiter(&locker, "k");
-    eventually(QUICK * 5, "the waiter subscribes", || {
-        listeners(&server, "k") == 1
-    });
+    let (holder, waiting) = held_and_awaited(&server, &locker, "k");
     holder.release().unwrap();
     drop(waiting.join().unwrap());
 
