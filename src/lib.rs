@@ -47,6 +47,8 @@
 //!   request, so it considers a lock lost no later than the server does (unless the same
 //!   fixed token re-obtains the keys with a shorter TTL: the old guard does not know).
 
+#![warn(missing_docs)]
+
 mod error;
 mod fence;
 mod guard;
