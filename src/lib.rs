@@ -39,8 +39,9 @@
 //! - A lock is a lease: after a pause longer than the TTL (GC, SIGSTOP, a slow network)
 //!   another owner may hold the keys while this one still believes it does.
 //!   [`LockGuard::is_lost`] tells you when that is known, not before. Use such locks for
-//!   efficiency (avoiding duplicate work), or make the protected resource check a fencing
-//!   token, for correctness.
+//!   efficiency (avoiding duplicate work), or, for correctness, take them with
+//!   [`LockOptions::fencing`] and make the protected resource refuse tokens smaller than
+//!   the largest it has seen (the tokens rise only while Redis keeps its counters: see there).
 //! - One Redis server: if it loses data (restart without persistence, failover to a replica
 //!   that had not seen the write) a lock can be granted twice.
 //! - Expiry runs on the server's clock; this process counts the TTL from before it sent the
