@@ -156,10 +156,10 @@ impl Drop for Subscriber {
         self.board.changed.notify_all();
         if let Some(handle) = self.thread.get_mut().take() {
             self.wake_thread();
-            // The thread looks up at least every SWEEP, or after a connect or checkout;
-            // those are bounded too, except a TLS handshake (redis-rs gives it no timeout).
-            // So wait a bounded time, then let the thread end on its own: it holds nothing
-            // of the locker's but the pool and the board.
+            // The thread looks up at least every SWEEP, or after a connect or checkout,
+            // each bounded by the pool's timeouts. Should any wait escape those bounds,
+            // stop waiting after a while and let the thread end on its own: it holds
+            // nothing of the locker's but the pool and the board.
             let deadline = Instant::now() + SWEEP + STOP_GRACE;
             let mut state = self.board.state.lock();
             while !state.finished {

@@ -149,3 +149,49 @@ fn tls_server_not_signed_by_a_trusted_root_is_refused() {
         .build(server.url());
     assert!(matches!(result, Err(Error::Pool(_))), "{result:?}");
 }
+
+#[test]
+fn frozen_tls_server_holds_nothing_beyond_the_bounds() {
+    let certs = Certificates::make();
+    let server = RedisServer::start_tls(certs.dir(), certs.ca.clone());
+    let tight = || {
+        Locker::builder()
+            .tls_root_cert(certs.ca.clone())
+            .connect_timeout(Duration::from_millis(300))
+            .io_timeout(Duration::from_millis(300))
+            .checkout_timeout(Duration::from_millis(600))
+    };
+    let locker = tight().build(server.url()).unwrap();
+    let holder = locker
+        .lock_with(&["k"], LockOptions::default().auto_refresh(false))
+        .unwrap();
+    let waiter = {
+        let locker = locker.clone();
+        let options = LockOptions::default()
+            .retry(Retry::linear(Duration::from_millis(50)))
+            .timeout(Duration::from_secs(1));
+        thread::spawn(move || locker.lock_with(&["k"], options).map(drop))
+    };
+    eventually(Duration::from_secs(5), "the waiter subscribes", || {
+        let counts: Vec<redis::Value> = server.query(&["PUBSUB", "NUMSUB", "redguard:released:k"]);
+        counts.get(1) == Some(&redis::Value::Int(1))
+    });
+
+    // The subscriber loses its connection and reconnects to a frozen server: TCP connects
+    // (the kernel accepts), the TLS handshake gets no answer and must time out, or the
+    // thread could not stop when the locker goes.
+    server.query::<()>(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+    server.pause();
+    let started = std::time::Instant::now();
+    assert!(
+        waiter.join().unwrap().is_err(),
+        "the waiter's attempts fail"
+    );
+    let result = tight().build(server.url());
+    assert!(matches!(result, Err(Error::Pool(_))), "{result:?}");
+    drop(holder);
+    drop(locker); // the last handle: joins the subscriber thread
+    let took = started.elapsed();
+    server.resume();
+    assert!(took < Duration::from_secs(4), "took {took:?}");
+}
