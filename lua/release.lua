@@ -1,9 +1,10 @@
 -- release.lua: delete every key, if every key still holds our value.
 -- KEYS: the lock keys.
--- ARGV[1]: our value (token .. metadata).
+-- ARGV[1]: our value (token .. metadata); ARGV[2]: where release channels start (the
+-- locker's prefix, then 'redguard:released:').
 -- Returns 1 when released, 0 when the lock is no longer held (nothing is deleted then).
--- Each deleted key is announced on the channel 'redguard:released:' .. key, for waiters:
--- a hint only, so a user without the right to publish still releases (pcall).
+-- Each deleted key is announced on the channel ARGV[2] .. key, for waiters: a hint only,
+-- so a user without the right to publish still releases (pcall).
 local values = redis.call('mget', unpack(KEYS))
 for i = 1, #KEYS do
   if values[i] ~= ARGV[1] then
@@ -13,6 +14,6 @@ end
 
 redis.call('del', unpack(KEYS))
 for _, key in ipairs(KEYS) do
-  redis.pcall('publish', 'redguard:released:' .. key, '')
+  redis.pcall('publish', ARGV[2] .. key, '')
 end
 return 1

@@ -162,9 +162,10 @@ impl LockGuard {
         }
         // Repeated only when the connection was found closed: should the server have run
         // the first one after all, the second reports the lock lost (never the reverse).
-        self.shared
-            .pool
-            .run(|con| scripts::release(con, &self.held.keys, &self.held.value))
+        self.shared.pool.run(|con| {
+            let channels = self.shared.subscriber.release_channels();
+            scripts::release(con, &self.held.keys, &self.held.value, channels)
+        })
     }
 }
 

@@ -391,7 +391,7 @@ impl LockerBuilder {
         Locker {
             shared: Arc::new(Shared {
                 refresher: Refresher::new(pool.clone()),
-                subscriber: Subscriber::new(pool.clone()),
+                subscriber: Subscriber::new(pool.clone(), &self.prefix),
                 pool,
                 default_ttl: self.default_ttl,
                 prefix: self.prefix,

@@ -3,7 +3,7 @@
 
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use r2d2::PooledConnection;
 use redis::{Client, Connection, ConnectionLike, ErrorKind, RedisError, RedisResult, Value};
@@ -78,22 +78,27 @@ impl Pool {
     /// restart, `CLIENT KILL`, an idle timeout) fails at once and is thrown away; the
     /// request then runs again on another, up to once per pooled connection. Only for
     /// requests whose repeat does no harm: the server may have run the first one before
-    /// the connection closed.
+    /// the connection closed. Retries stop once a checkout timeout has passed, so the
+    /// whole call waits at most about two checkouts and an I/O timeout.
     pub(crate) fn run<T>(&self, mut request: impl FnMut(&mut Conn) -> RedisResult<T>) -> Result<T> {
+        let started = Instant::now();
+        let (max_size, budget) = match self {
+            Pool::Own { pool, .. } => (pool.max_size(), pool.connection_timeout()),
+            Pool::Given { pool, .. } => (pool.max_size(), pool.connection_timeout()),
+        };
         let mut tries = 0;
         loop {
             let mut con = self.get()?;
             match request(&mut con) {
-                Err(e) if e.is_connection_dropped() && tries < self.max_size() => tries += 1,
+                Err(e)
+                    if e.is_connection_dropped()
+                        && tries < max_size
+                        && started.elapsed() < budget =>
+                {
+                    tries += 1
+                }
                 result => return Ok(result?),
             }
-        }
-    }
-
-    fn max_size(&self) -> u32 {
-        match self {
-            Pool::Own { pool, .. } => pool.max_size(),
-            Pool::Given { pool, .. } => pool.max_size(),
         }
     }
 

@@ -156,9 +156,15 @@ pub(crate) fn refresh(con: &mut Conn, locks: &[Refresh<'_>]) -> RedisResult<Vec<
     Ok(held)
 }
 
-/// Deletes `keys` if every one still holds `value`; `false` when not held.
-pub(crate) fn release(con: &mut Conn, keys: &[String], value: &str) -> RedisResult<bool> {
-    con.run(|con| RELEASE.key(keys).arg(value).invoke(con))
+/// Deletes `keys` if every one still holds `value`, and announces each on
+/// `channels` + key; `false` when not held.
+pub(crate) fn release(
+    con: &mut Conn,
+    keys: &[String],
+    value: &str,
+    channels: &str,
+) -> RedisResult<bool> {
+    con.run(|con| RELEASE.key(keys).arg(value).arg(channels).invoke(con))
 }
 
 /// The shortest remaining TTL of `keys` if every one still holds `value`; `None` when not

@@ -1,6 +1,6 @@
 //! Waiters woken by releases: one subscriber connection per locker.
 //!
-//! `lua/release.lua` publishes on `redguard:released:<key>` for each key it deletes. One
+//! `lua/release.lua` publishes on `<prefix>redguard:released:<key>` for each key it deletes. One
 //! thread per locker (started with its first waiter) holds one connection subscribed to
 //! the channels of the keys its threads wait for, and counts the releases it hears. A
 //! waiter still waits at most its retry delay, but a counted release of one of its keys,
@@ -27,7 +27,8 @@ use crate::Result;
 use crate::pool::Pool;
 use crate::token::random_token;
 
-/// The channel `lua/release.lua` publishes on for `key`.
+/// The channel `lua/release.lua` publishes on for `key` is the locker's prefix, this, and
+/// the key.
 const RELEASED: &str = "redguard:released:";
 
 /// How often the thread looks up from its connection: to stop, and to drop channels no
@@ -47,6 +48,8 @@ struct Board {
     changed: Condvar,
     /// This locker's own channel: a message there wakes the thread to (un)subscribe or stop.
     wake: String,
+    /// Where release channels start: the locker's prefix, then [`RELEASED`].
+    released: String,
 }
 
 #[derive(Default)]
@@ -80,17 +83,24 @@ pub(crate) struct Seen {
 }
 
 impl Subscriber {
-    pub(crate) fn new(pool: Pool) -> Subscriber {
+    /// A subscriber for a locker whose keys and channels start with `prefix`.
+    pub(crate) fn new(pool: Pool, prefix: &str) -> Subscriber {
         // A random channel name: lockers in other processes must not wake ours.
         let id = random_token().unwrap_or_else(|_| format!("{:p}", &pool));
         Subscriber {
             board: Arc::new(Board {
-                wake: format!("redguard:wake:{id}"),
+                wake: format!("{prefix}redguard:wake:{id}"),
+                released: format!("{prefix}{RELEASED}"),
                 ..Board::default()
             }),
             pool,
             thread: Mutex::new(None),
         }
+    }
+
+    /// Where the release channels of this locker's keys start (the key follows).
+    pub(crate) fn release_channels(&self) -> &str {
+        &self.board.released
     }
 
     /// Whether this locker has threads waiting for `key` (so it is most likely held).
@@ -379,7 +389,7 @@ fn listen(board: &Board, pool: &Pool, backoff: &mut Duration) -> Result<()> {
             (pending, idle)
         };
         for key in &pending {
-            let channel = format!("{RELEASED}{key}");
+            let channel = format!("{}{key}", board.released);
             pubsub.subscribe(&channel)?;
             if !board.subscribed(key) {
                 // Forgotten while we subscribed: nobody will unsubscribe it otherwise.
@@ -387,11 +397,11 @@ fn listen(board: &Board, pool: &Pool, backoff: &mut Duration) -> Result<()> {
             }
         }
         for key in &idle {
-            pubsub.unsubscribe(format!("{RELEASED}{key}"))?;
+            pubsub.unsubscribe(format!("{}{key}", board.released))?;
         }
         match pubsub.get_message() {
             Ok(msg) => {
-                if let Some(key) = msg.get_channel_name().strip_prefix(RELEASED) {
+                if let Some(key) = msg.get_channel_name().strip_prefix(&board.released) {
                     board.released(key);
                 }
             }

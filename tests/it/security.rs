@@ -9,7 +9,7 @@ use crate::eventually;
 use crate::server::RedisServer;
 
 /// The minimal ACL rules, as README.md gives them.
-const RULES: &str = "resetkeys ~locks:* resetchannels &redguard:* -@all \
+const RULES: &str = "resetkeys ~locks:* resetchannels &locks:* -@all \
     +set +evalsha +script|load +publish +subscribe +unsubscribe +ping +echo \
     +msetnx +mset +pexpire +pttl +getrange +type +get +mget +del +incr";
 
@@ -64,7 +64,7 @@ fn user_limited_to_the_prefix_and_the_needed_commands_can_do_everything() {
     };
     eventually(Duration::from_secs(5), "the waiter subscribes", || {
         let counts: Vec<redis::Value> =
-            server.query(&["PUBSUB", "NUMSUB", "redguard:released:locks:a"]);
+            server.query(&["PUBSUB", "NUMSUB", "locks:redguard:released:locks:a"]);
         counts.get(1) == Some(&redis::Value::Int(1))
     });
     one.release().unwrap();
