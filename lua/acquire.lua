@@ -30,7 +30,9 @@ if fencing then
     end
     if kind ~= 'none' then
       local value = kind == 'string' and redis.call('get', KEYS[i])
-      if not value or not string.match(value, '^%d+$') or #value > 15 then
+      -- Exactly the form INCR accepts: digits without leading zeros, at most 15 of them.
+      if not value or #value > 15
+          or not (value == '0' or string.match(value, '^[1-9]%d*$')) then
         return {'wrongtype', KEYS[i], kind .. ', not a fencing counter'}
       end
     end

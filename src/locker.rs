@@ -353,6 +353,10 @@ impl LockerBuilder {
 
     #[cfg(feature = "tls")]
     fn client<T: IntoConnectionInfo>(&self, url: T) -> redis::RedisResult<Client> {
+        // redis-rs asks rustls for the process's default crypto provider, which rustls can
+        // only pick by itself when exactly one is compiled in; another crate of the
+        // application may bring a second. Make ring the default, unless one is set.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         match &self.tls_root {
             None => Client::open(url),
             Some(root) => Client::build_with_tls(

@@ -94,6 +94,8 @@ fn counter_that_incr_would_refuse_is_reported_and_nothing_is_taken() {
         " 7",
         "0x10",
         "-3",
+        "007",
+        "00",
         "9223372036854775807",
     ] {
         // The bad counter is the second key's: the first one's must not move either.

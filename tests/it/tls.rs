@@ -180,6 +180,7 @@ fn frozen_tls_server_holds_nothing_beyond_the_bounds() {
     // The subscriber loses its connection and reconnects to a frozen server: TCP connects
     // (the kernel accepts), the TLS handshake gets no answer and must time out, or the
     // thread could not stop when the locker goes.
+    // (The subscriber waits 10 ms before reconnecting: the pause comes first.)
     server.query::<()>(&["CLIENT", "KILL", "TYPE", "pubsub"]);
     server.pause();
     let started = std::time::Instant::now();
@@ -187,6 +188,7 @@ fn frozen_tls_server_holds_nothing_beyond_the_bounds() {
         waiter.join().unwrap().is_err(),
         "the waiter's attempts fail"
     );
+    // A new locker's connects give up within their bounds too.
     let result = tight().build(server.url());
     assert!(matches!(result, Err(Error::Pool(_))), "{result:?}");
     drop(holder);
