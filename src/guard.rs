@@ -143,8 +143,9 @@ impl LockGuard {
     /// deleted then), or when the lock was already known lost (the keys are still deleted
     /// if they hold this guard's value). Rarely, after the server closed the connection
     /// mid-request, the release is sent again and reports `LockLost` although the first
-    /// one had deleted the keys: a loss is over-reported, never hidden; [`Error::Redis`] or [`Error::Pool`] when Redis
-    /// cannot be asked (the keys then expire with their TTL).
+    /// one had deleted the keys: a loss is over-reported, never hidden.
+    /// [`Error::Redis`] or [`Error::Pool`] when Redis cannot be asked (the keys then
+    /// expire with their TTL).
     pub fn release(mut self) -> Result<()> {
         self.released = true;
         let known_lost = self.held.is_lost();

@@ -5,16 +5,9 @@ use std::time::{Duration, Instant};
 use redguard::{Error, LockOptions, Locker, SocketTimeouts};
 
 use crate::server::{RedisServer, free_port};
+use crate::tight;
 
-/// Small bounds: each failing call below should end well within `LIMIT`.
-fn tight() -> redguard::LockerBuilder {
-    Locker::builder()
-        .pool_size(2)
-        .connect_timeout(Duration::from_millis(300))
-        .io_timeout(Duration::from_millis(300))
-        .checkout_timeout(Duration::from_millis(600))
-}
-
+/// With [`tight`] bounds, each failing call below should end well within this.
 const LIMIT: Duration = Duration::from_secs(3);
 
 fn timed<T>(f: impl FnOnce() -> T) -> (T, Duration) {

@@ -26,6 +26,26 @@ fn locker(server: &RedisServer) -> Locker {
         .expect("connect to the test's redis-server")
 }
 
+/// A locker with small bounds: every call on a dead or frozen server fails well within a
+/// few seconds.
+fn tight() -> redguard::LockerBuilder {
+    Locker::builder()
+        .pool_size(2)
+        .connect_timeout(Duration::from_millis(300))
+        .io_timeout(Duration::from_millis(300))
+        .checkout_timeout(Duration::from_millis(600))
+}
+
+/// This test binary again, running only the ignored test `name`: for tests that need
+/// another process (or one without the other tests' threads).
+fn child_test(name: &str) -> std::process::Command {
+    let mut command = std::process::Command::new(std::env::current_exe().unwrap());
+    command
+        .args(["--exact", name])
+        .args(["--ignored", "--nocapture", "--test-threads=1"]);
+    command
+}
+
 /// Polls `condition` until it holds, failing the test after `limit`.
 fn eventually(limit: Duration, what: &str, mut condition: impl FnMut() -> bool) {
     let deadline = Instant::now() + limit;

@@ -338,9 +338,7 @@ fn refresher_threads() -> usize {
 #[cfg(target_os = "linux")]
 #[test]
 fn one_refresher_thread_per_locker_gone_with_its_guards() {
-    let output = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "refresh::refresher_thread_per_locker_child"])
-        .args(["--ignored", "--nocapture", "--test-threads=1"])
+    let output = crate::child_test("refresh::refresher_thread_per_locker_child")
         .env("REDGUARD_CHILD", "1")
         .output()
         .unwrap();

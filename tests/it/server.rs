@@ -151,6 +151,15 @@ impl RedisServer {
             .unwrap_or_else(|e| panic!("{args:?}: {e}"))
     }
 
+    /// Subscribers to `channel`, as the server counts them (PUBSUB NUMSUB).
+    pub fn subscribers(&self, channel: &str) -> u64 {
+        let counts: Vec<redis::Value> = self.query(&["PUBSUB", "NUMSUB", channel]);
+        counts
+            .get(1)
+            .and_then(|n| redis::from_redis_value_ref(n).ok())
+            .unwrap_or(0)
+    }
+
     /// How many times EVALSHA ran: one per lock-script round trip.
     pub fn evalsha_calls(&self) -> u64 {
         let info: String = self.query(&["INFO", "commandstats"]);

@@ -2,7 +2,7 @@
 //! never overlap, and fencing tokens rise in critical-section order.
 
 use std::collections::HashMap;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -28,9 +28,7 @@ fn processes_and_threads_never_overlap_and_tokens_rise() {
     let server = RedisServer::start();
     let children: Vec<_> = (0..PROCESSES)
         .map(|_| {
-            Command::new(std::env::current_exe().unwrap())
-                .args(["--exact", "stress::stress_child"])
-                .args(["--ignored", "--nocapture", "--test-threads=1"])
+            crate::child_test("stress::stress_child")
                 .env("REDGUARD_STRESS_URL", server.url())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())

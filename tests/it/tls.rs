@@ -125,8 +125,7 @@ fn locks_work_over_tls_with_a_private_ca() {
         thread::spawn(move || locker.lock_with(&["k"], patient).map(drop))
     };
     eventually(Duration::from_secs(5), "the waiter subscribes", || {
-        let counts: Vec<redis::Value> = server.query(&["PUBSUB", "NUMSUB", "redguard:released:k"]);
-        counts.get(1) == Some(&redis::Value::Int(1))
+        server.subscribers("redguard:released:k") == 1
     });
     thread::sleep(Duration::from_millis(100)); // past its attempt after subscribing
     let released = std::time::Instant::now();
@@ -154,13 +153,7 @@ fn tls_server_not_signed_by_a_trusted_root_is_refused() {
 fn frozen_tls_server_holds_nothing_beyond_the_bounds() {
     let certs = Certificates::make();
     let server = RedisServer::start_tls(certs.dir(), certs.ca.clone());
-    let tight = || {
-        Locker::builder()
-            .tls_root_cert(certs.ca.clone())
-            .connect_timeout(Duration::from_millis(300))
-            .io_timeout(Duration::from_millis(300))
-            .checkout_timeout(Duration::from_millis(600))
-    };
+    let tight = || crate::tight().tls_root_cert(certs.ca.clone());
     let locker = tight().build(server.url()).unwrap();
     let holder = locker
         .lock_with(&["k"], LockOptions::default().auto_refresh(false))
@@ -173,8 +166,7 @@ fn frozen_tls_server_holds_nothing_beyond_the_bounds() {
         thread::spawn(move || locker.lock_with(&["k"], options).map(drop))
     };
     eventually(Duration::from_secs(5), "the waiter subscribes", || {
-        let counts: Vec<redis::Value> = server.query(&["PUBSUB", "NUMSUB", "redguard:released:k"]);
-        counts.get(1) == Some(&redis::Value::Int(1))
+        server.subscribers("redguard:released:k") == 1
     });
 
     // The subscriber loses its connection and reconnects to a frozen server: TCP connects

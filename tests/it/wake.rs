@@ -3,7 +3,6 @@
 //! The waiters here retry only every 10 s, so a hand-off within a second can only come
 //! from a release notification (or a subscription that became active), never from polling.
 
-use std::process::Command;
 use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -23,14 +22,9 @@ fn patient() -> LockOptions {
         .timeout(3 * SLOW_RETRY)
 }
 
-/// Subscribers to the release channel of `key`, as the server counts them.
+/// Subscribers to the release channel of `key`.
 fn listeners(server: &RedisServer, key: &str) -> u64 {
-    let counts: Vec<redis::Value> =
-        server.query(&["PUBSUB", "NUMSUB", &format!("redguard:released:{key}")]);
-    counts
-        .get(1)
-        .and_then(|n| redis::from_redis_value_ref(n).ok())
-        .unwrap_or(0)
+    server.subscribers(&format!("redguard:released:{key}"))
 }
 
 /// Starts a thread that waits for `key` and returns how long after `released` it got it.
@@ -253,9 +247,7 @@ fn waiter_in_another_process_is_woken_by_the_release() {
     let locker = locker(&server);
     let holder = locker.lock(&["k"]).unwrap();
 
-    let child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "wake::waiter_process_child"])
-        .args(["--ignored", "--nocapture", "--test-threads=1"])
+    let child = crate::child_test("wake::waiter_process_child")
         .env("REDGUARD_CHILD_URL", server.url())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
