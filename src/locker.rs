@@ -135,20 +135,18 @@ impl Locker {
         loop {
             // What a waiter has seen of the keys, noted before the attempt: a release heard
             // while the attempt is in flight then ends the next wait at once.
-            // A plain SET first only where the key is likely free: on a first attempt, and
-            // not while threads of ours wait for it.
-            let (before, set_first) = match &mut ticket {
-                None => {
-                    let (seen, watched) = subscriber.before_first_attempt(&keys);
-                    (seen, !watched)
-                }
+            let before = match &mut ticket {
+                None => subscriber.seen(&keys),
                 Some(ticket) => {
                     ticket.mark();
-                    (Seen::default(), false)
+                    Seen::default()
                 }
             };
             let sent_at = Instant::now();
             let outcome = {
+                // A plain SET first only where the key is likely free: on a first attempt,
+                // and not while threads of ours wait for it.
+                let set_first = ticket.is_none() && !subscriber.is_watched(&keys[0]);
                 let attempt = Attempt {
                     keys: &keys,
                     value: &value,

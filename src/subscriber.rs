@@ -103,6 +103,16 @@ impl Subscriber {
         &self.board.released
     }
 
+    /// Whether this locker has threads waiting for `key` (so it is most likely held).
+    pub(crate) fn is_watched(&self, key: &str) -> bool {
+        self.board
+            .state
+            .lock()
+            .keys
+            .get(key)
+            .is_some_and(|watch| watch.waiters > 0)
+    }
+
     /// Registers a waiter for `keys`, who noted `before` of them before its last attempt.
     /// Starts the thread, and has it subscribe to new keys, if need be.
     pub(crate) fn wait_for(&self, keys: &[String], before: Seen) -> Ticket<'_> {
@@ -118,16 +128,9 @@ impl Subscriber {
         Ticket::new(&self.board, keys.to_vec(), before)
     }
 
-    /// Before a first attempt, in one look: what has been seen so far of `keys` (nothing
-    /// for keys no one watches yet), and whether threads of this locker wait for the first
-    /// of them (then it is most likely held).
-    pub(crate) fn before_first_attempt(&self, keys: &[String]) -> (Seen, bool) {
-        let state = self.board.state.lock();
-        let watched = keys
-            .first()
-            .and_then(|key| state.keys.get(key))
-            .is_some_and(|watch| watch.waiters > 0);
-        (state.observe(keys), watched)
+    /// What a waiter has seen so far of `keys` (nothing for keys no one watches yet).
+    pub(crate) fn seen(&self, keys: &[String]) -> Seen {
+        self.board.state.lock().observe(keys)
     }
 
     fn start(&self) {
