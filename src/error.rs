@@ -9,7 +9,9 @@ use std::fmt;
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Error {
-    /// Another owner holds at least one of the keys, and the retry policy or timeout ran out.
+    /// Another owner holds at least one of the keys, and the retry policy or timeout ran
+    /// out; or, on a quorum of servers ([`build_redlock`](crate::LockerBuilder::build_redlock)),
+    /// fewer than a majority of them answered (returned at once, as waiting would not help).
     NotObtained,
     /// The lock is no longer held: it expired, or someone deleted or overwrote a key.
     LockLost,
@@ -37,8 +39,9 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::NotObtained => f.write_str(
-                "lock not obtained: another owner holds at least one of the keys \
-                 (retry later, or allow a longer timeout)",
+                "lock not obtained: another owner holds at least one of the keys, or (on a \
+                 quorum of servers) too few of them answered (retry later, or allow a longer \
+                 timeout)",
             ),
             Error::LockLost => f.write_str(
                 "lock lost: the keys expired or were changed by someone else, so the critical \

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use crate::held::Held;
 use crate::locker::Shared;
 use crate::options::checked_ttl;
-use crate::scripts::{self, Refresh};
+use crate::scripts::Refresh;
 use crate::{Error, Result};
 
 /// A held lock on one or more keys, released when dropped.
@@ -83,10 +83,7 @@ impl LockGuard {
     /// # Errors
     /// [`Error::Redis`] or [`Error::Pool`] when Redis cannot be asked.
     pub fn ttl(&self) -> Result<Option<Duration>> {
-        let ttl = self
-            .shared
-            .pool
-            .run(|con| scripts::ttl(con, &self.held.keys, &self.held.value))?;
+        let ttl = self.shared.backend.ttl(&self.held.keys, &self.held.value)?;
         if ttl.is_none() {
             self.held.mark_lost();
         }
@@ -113,11 +110,7 @@ impl LockGuard {
             ttl_ms,
         };
         let sent_at = Instant::now();
-        // Safe to repeat: setting the same TTL twice is the same as once.
-        let held = self
-            .shared
-            .pool
-            .run(|con| scripts::refresh(con, std::slice::from_ref(&lock)))?;
+        let held = self.shared.backend.refresh(std::slice::from_ref(&lock))?;
         if held != [true] {
             self.held.mark_lost();
             return Err(Error::LockLost);
@@ -161,12 +154,10 @@ impl LockGuard {
         if self.auto_refresh {
             self.shared.refresher.remove(self.held.id);
         }
-        // Repeated only when the connection was found closed: should the server have run
-        // the first one after all, the second reports the lock lost (never the reverse).
-        self.shared.pool.run(|con| {
-            let channels = self.shared.subscriber.release_channels();
-            scripts::release(con, &self.held.keys, &self.held.value, channels)
-        })
+        let channels = self.shared.subscriber.release_channels();
+        self.shared
+            .backend
+            .release(&self.held.keys, &self.held.value, channels)
     }
 }
 

@@ -30,15 +30,24 @@ pub(crate) struct Timing {
     /// The earliest the keys may expire, by our clock. The server set each expiry after
     /// its request was sent, so `sent + ttl` is never later than the real expiry.
     expires_at: Instant,
+    /// How much sooner than that to count the lock lost, for a given TTL (in ms).
+    drift: fn(u64) -> u64,
+}
+
+/// No allowance for clock drift: one server, whose expiries follow its requests.
+pub(crate) fn no_drift(_ttl_ms: u64) -> u64 {
+    0
 }
 
 impl Timing {
-    /// The timing of a lock just set with `ttl_ms` by a request sent at `sent_at`.
-    pub(crate) fn new(ttl_ms: u64, sent_at: Instant) -> Timing {
+    /// The timing of a lock just set with `ttl_ms` by a request sent at `sent_at`, to be
+    /// counted lost `drift(ttl_ms)` sooner.
+    pub(crate) fn new(ttl_ms: u64, sent_at: Instant, drift: fn(u64) -> u64) -> Timing {
         Timing {
             ttl_ms,
             sent_at,
-            expires_at: after(sent_at, ttl_ms),
+            expires_at: after(sent_at, ttl_ms.saturating_sub(drift(ttl_ms))),
+            drift,
         }
     }
 
@@ -117,7 +126,7 @@ impl Held {
     /// Records a refresh to `ttl_ms` that succeeded, sent at `sent_at`.
     pub(crate) fn refreshed(&self, sent_at: Instant, ttl_ms: u64) {
         let mut timing = self.timing.lock();
-        let expires_at = after(sent_at, ttl_ms);
+        let expires_at = after(sent_at, ttl_ms.saturating_sub((timing.drift)(ttl_ms)));
         if sent_at >= timing.sent_at {
             timing.sent_at = sent_at;
             timing.expires_at = expires_at;
@@ -159,7 +168,7 @@ mod tests {
             value,
             8,
             Vec::new(),
-            Timing::new(ttl_ms, sent_at),
+            Timing::new(ttl_ms, sent_at, no_drift),
         )
     }
 
@@ -182,7 +191,7 @@ mod tests {
     #[test]
     fn refresh_is_due_with_two_thirds_of_the_ttl_left() {
         let start = Instant::now();
-        let timing = Timing::new(3000, start);
+        let timing = Timing::new(3000, start, no_drift);
         assert_eq!(timing.expires_at(), start + 3000 * MS);
         assert_eq!(timing.refresh_at(), start + 1000 * MS);
     }
@@ -210,6 +219,16 @@ mod tests {
             60_000,
             "later refreshes use the new ttl"
         );
+    }
+
+    #[test]
+    fn drift_makes_the_lock_count_lost_sooner() {
+        let start = Instant::now();
+        let timing = Timing::new(1000, start, |ttl| ttl / 100 + 2);
+        assert_eq!(timing.expires_at(), start + 988 * MS);
+        let held = Held::new(vec!["k".into()], "t".into(), 1, Vec::new(), timing);
+        held.refreshed(start + 10 * MS, 2000);
+        assert_eq!(held.timing().expires_at(), start + 1988 * MS);
     }
 
     #[test]

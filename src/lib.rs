@@ -50,6 +50,7 @@
 
 #![warn(missing_docs)]
 
+mod backend;
 mod error;
 mod fence;
 mod guard;
@@ -57,6 +58,7 @@ mod held;
 mod locker;
 mod options;
 mod pool;
+mod quorum;
 mod refresher;
 mod retry;
 mod scripts;

@@ -4,14 +4,19 @@ use std::time::{Duration, Instant};
 
 use redis::{Client, IntoConnectionInfo};
 
+use crate::backend::Backend;
 use crate::held::{Held, Timing, later};
 use crate::options::{checked_keys, checked_token, checked_ttl};
 use crate::pool::{Bounds, Pool};
+use crate::quorum::Quorum;
 use crate::refresher::Refresher;
-use crate::scripts::{self, Acquired, Attempt};
+use crate::scripts::{Acquired, Attempt};
 use crate::subscriber::{Seen, Subscriber, Ticket};
 use crate::token::random_token;
 use crate::{Error, LockGuard, LockOptions, Result, Retry};
+
+/// The shortest wait after a split quorum vote (see [`Acquired::Split`]).
+const SPLIT_PAUSE: Duration = Duration::from_millis(1);
 
 /// Takes locks on Redis keys. A cheap `Clone` (an `Arc` inside), `Send + Sync`.
 ///
@@ -30,7 +35,7 @@ pub struct Locker {
 
 /// What a locker and its guards share; gone (refresher thread joined) with the last of them.
 pub(crate) struct Shared {
-    pub(crate) pool: Pool,
+    pub(crate) backend: Backend,
     pub(crate) default_ttl: Duration,
     /// Put before every key (and fencing counter) in Redis.
     pub(crate) prefix: String,
@@ -62,7 +67,7 @@ impl Locker {
         // The defaults pass `check`, so this is `build_with_pool` without its `Result`.
         let builder = LockerBuilder::default();
         let io = builder.bounds.io;
-        builder.locker(Pool::Given { pool, io })
+        builder.locker(Backend::Single(Pool::Given { pool, io }))
     }
 
     /// Locks every key, or none, waiting as long as it takes (like `Mutex::lock`): default
@@ -113,6 +118,7 @@ impl Locker {
             )
         };
         let ttl_ms = checked_ttl(options.ttl.unwrap_or(self.shared.default_ttl))?;
+        self.shared.backend.supports(options.fencing, ttl_ms)?;
         let token = match options.token {
             Some(token) => {
                 checked_token(&token)?;
@@ -143,6 +149,7 @@ impl Locker {
                 }
             };
             let sent_at = Instant::now();
+            let mut split = false;
             let outcome = {
                 // A plain SET first only where the key is likely free: on a first attempt,
                 // and not while threads of ours wait for it.
@@ -155,14 +162,11 @@ impl Locker {
                     fencing: options.fencing,
                     prefix,
                 };
-                // Safe to repeat: taking keys that already hold our value again is a no-op.
-                self.shared
-                    .pool
-                    .run(|con| scripts::acquire(con, &attempt, set_first))?
+                self.shared.backend.acquire(&attempt, set_first)?
             };
             match outcome {
                 Acquired::Yes { fences } => {
-                    let timing = Timing::new(ttl_ms, sent_at);
+                    let timing = Timing::new(ttl_ms, sent_at, self.shared.backend.drift());
                     let held = Held::new(keys, value, token_len, fences, timing).named(names);
                     return LockGuard::new(Arc::clone(&self.shared), held, options.auto_refresh);
                 }
@@ -176,6 +180,7 @@ impl Locker {
                     return Err(Error::WrongType { key, kind });
                 }
                 Acquired::HeldElsewhere => {}
+                Acquired::Split => split = true,
             }
             let now = Instant::now();
             let mut until = match wake_at {
@@ -193,6 +198,12 @@ impl Locker {
                 until = until.min(deadline);
             }
             wake_at = Some(until);
+            if split {
+                // Some nodes were free: a release may still be reaching the others, or
+                // another owner is after the same keys. Try again within a few ms, at a
+                // random moment so as not to collide again; no retry is used up.
+                until = until.min(now + SPLIT_PAUSE + delays.jitter(SPLIT_PAUSE * 4));
+            }
             ticket
                 .get_or_insert_with(|| subscriber.wait_for(&keys, before))
                 .wait_until(until);
@@ -227,6 +238,8 @@ pub struct LockerBuilder {
     default_ttl: Duration,
     prefix: String,
     bounds: Bounds,
+    /// For a quorum: how long one request to all nodes may take.
+    node_timeout: Duration,
     /// Root certificate (PEM) that `rediss://` servers must chain to, instead of the
     /// system's roots.
     #[cfg(feature = "tls")]
@@ -244,6 +257,7 @@ impl Default for LockerBuilder {
                 io: Duration::from_secs(2),
                 checkout: Duration::from_secs(3),
             },
+            node_timeout: Duration::from_millis(250),
             #[cfg(feature = "tls")]
             tls_root: None,
         }
@@ -314,6 +328,80 @@ impl LockerBuilder {
         self
     }
 
+    /// For [`build_redlock`](Self::build_redlock): the longest one request to every node
+    /// may take, connection checkout, send and reply together. A node that has not
+    /// answered by then counts as not having the lock, and is left out for a while (50 ms,
+    /// doubling up to 1 s while it keeps failing). Keep it far below the TTL: time spent
+    /// acquiring is taken off the lock's validity.
+    ///
+    /// Defaults to 250 ms.
+    pub fn node_timeout(mut self, timeout: Duration) -> Self {
+        self.node_timeout = timeout;
+        self
+    }
+
+    /// A locker on several independent Redis masters (not replicas of each other, not a
+    /// cluster), with the Redlock algorithm: a lock is held when a majority of them
+    /// (`N/2 + 1`) took it, all-or-nothing on each, within what is left of its TTL after
+    /// the attempt and a clock drift allowance (1% of the TTL and 2 ms). Every request
+    /// goes to all nodes at once and costs about one round trip, whatever their number.
+    /// Refresh needs a majority; release goes to all. A node that is down is left out
+    /// until it answers again, so up to `(N-1)/2` of them may be down.
+    ///
+    /// Each node gets a pool of [`pool_size`](Self::pool_size) connections, made in the
+    /// background. Fencing tokens are refused here (separate counters on separate servers
+    /// cannot make one rising sequence). See the README's "Scaling out" for what this does
+    /// and does not guarantee.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), redguard::Error> {
+    /// let locker = redguard::Locker::builder().build_redlock(&[
+    ///     "redis://10.0.0.1:6379/",
+    ///     "redis://10.0.0.2:6379/",
+    ///     "redis://10.0.0.3:6379/",
+    /// ])?;
+    /// let _guard = locker.lock(&["report"])?; // held on at least 2 of the 3
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for no URL, a malformed or repeated one (two pools on one
+    /// server would count its vote twice), or a bad setting; [`Error::Redis`] or
+    /// [`Error::Pool`] when fewer than a majority of the nodes answer a PING within the
+    /// node timeout.
+    pub fn build_redlock<T: IntoConnectionInfo + Clone>(self, urls: &[T]) -> Result<Locker> {
+        self.check()?;
+        if self.node_timeout.is_zero() {
+            return Err(Error::InvalidInput(
+                "node_timeout is 0: every network wait needs a bound above zero".into(),
+            ));
+        }
+        if urls.is_empty() {
+            return Err(Error::InvalidInput(
+                "build_redlock needs at least one node URL".into(),
+            ));
+        }
+        let mut seen = Vec::with_capacity(urls.len());
+        let mut pools = Vec::with_capacity(urls.len());
+        for url in urls {
+            let client = self
+                .client(url.clone())
+                .map_err(|e| Error::InvalidInput(format!("bad redis connection info: {e}")))?;
+            let info = client.get_connection_info();
+            let node = info.addr().to_string();
+            if seen.contains(&node) {
+                return Err(Error::InvalidInput(format!(
+                    "node {node} is given twice: each server gets one vote"
+                )));
+            }
+            seen.push(node);
+            pools.push(Pool::build_lazy(client, self.pool_size, self.bounds));
+        }
+        let quorum = Quorum::new(pools, self.node_timeout);
+        quorum.ping()?;
+        Ok(self.locker(Backend::Quorum(Arc::new(quorum))))
+    }
+
     /// A locker on a new pool of connections to `url` (`redis://[user:password@]host:port/db`).
     ///
     /// # Errors
@@ -325,7 +413,7 @@ impl LockerBuilder {
             .client(url)
             .map_err(|e| Error::InvalidInput(format!("bad redis connection info: {e}")))?;
         let pool = Pool::build(client, self.pool_size, self.bounds)?;
-        Ok(self.locker(pool))
+        Ok(self.locker(Backend::Single(pool)))
     }
 
     /// A locker on a pool you built. Its connect and checkout timeouts are the pool's own
@@ -343,7 +431,7 @@ impl LockerBuilder {
     pub fn build_with_pool(self, pool: r2d2::Pool<Client>) -> Result<Locker> {
         self.check()?;
         let io = self.bounds.io;
-        Ok(self.locker(Pool::Given { pool, io }))
+        Ok(self.locker(Backend::Single(Pool::Given { pool, io })))
     }
 
     #[cfg(not(feature = "tls"))]
@@ -391,12 +479,12 @@ impl LockerBuilder {
         Ok(())
     }
 
-    fn locker(self, pool: Pool) -> Locker {
+    fn locker(self, backend: Backend) -> Locker {
         Locker {
             shared: Arc::new(Shared {
-                refresher: Refresher::new(pool.clone()),
-                subscriber: Subscriber::new(pool.clone(), &self.prefix),
-                pool,
+                refresher: Refresher::new(backend.clone()),
+                subscriber: Subscriber::new(backend.listen_pools(), &self.prefix),
+                backend,
                 default_ttl: self.default_ttl,
                 prefix: self.prefix,
             }),

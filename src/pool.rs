@@ -48,6 +48,19 @@ impl Pool {
         Ok(Pool::Own { pool, connector })
     }
 
+    /// A pool of up to `size` connections to `client`, made as they are needed: for one of
+    /// several servers, where one that is down must not stop the others from being used.
+    pub(crate) fn build_lazy(client: Client, size: u32, bounds: Bounds) -> Pool {
+        let connector = BoundedClient { client, bounds };
+        let pool = r2d2::Pool::builder()
+            .max_size(size)
+            .test_on_check_out(false)
+            .connection_timeout(bounds.checkout)
+            .build_unchecked(connector.clone());
+        let connector = Box::new(connector);
+        Pool::Own { pool, connector }
+    }
+
     /// Whether [`dedicated`](Self::dedicated) can work at all: a caller's pool of one
     /// connection has none to spare.
     pub(crate) fn can_dedicate(&self) -> bool {
@@ -80,7 +93,10 @@ impl Pool {
     /// requests whose repeat does no harm: the server may have run the first one before
     /// the connection closed. Retries stop once a checkout timeout has passed, so the
     /// whole call waits at most about two checkouts and an I/O timeout.
-    pub(crate) fn run<T>(&self, mut request: impl FnMut(&mut Conn) -> RedisResult<T>) -> Result<T> {
+    pub(crate) fn run<T>(
+        &self,
+        mut request: impl FnMut(&mut dyn ConnectionLike) -> RedisResult<T>,
+    ) -> Result<T> {
         let started = Instant::now();
         let (max_size, budget) = match self {
             Pool::Own { pool, .. } => (pool.max_size(), pool.connection_timeout()),
@@ -89,7 +105,7 @@ impl Pool {
         let mut tries = 0;
         loop {
             let mut con = self.get()?;
-            match request(&mut con) {
+            match con.run(|con| request(con)) {
                 Err(e)
                     if e.is_connection_dropped()
                         && tries < max_size
@@ -111,6 +127,22 @@ impl Pool {
                 .and_then(|con| in_step(con, *io).ok())
                 .map(Conn::Given),
         }
+    }
+
+    /// A connection, waiting at most `wait` (and never longer than the checkout timeout).
+    pub(crate) fn get_within(&self, wait: Duration) -> Result<Conn> {
+        if let Some(con) = self.try_get() {
+            return Ok(con);
+        }
+        Ok(match self {
+            Pool::Own { pool, .. } => {
+                Conn::Own(pool.get_timeout(wait.min(pool.connection_timeout()))?)
+            }
+            Pool::Given { pool, io } => {
+                let wait = wait.min(pool.connection_timeout());
+                Conn::Given(in_step(pool.get_timeout(wait)?, *io)?)
+            }
+        })
     }
 
     /// A connection, waiting at most the checkout timeout.

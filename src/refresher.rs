@@ -15,13 +15,13 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
+use crate::backend::Backend;
 use crate::held::Held;
-use crate::pool::Pool;
-use crate::scripts::{self, Refresh};
+use crate::scripts::Refresh;
 
 pub(crate) struct Refresher {
     state: Arc<State>,
-    pool: Pool,
+    backend: Backend,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -91,13 +91,13 @@ impl Entry {
 
 impl Refresher {
     /// A refresher that starts its thread with the first lock it is given.
-    pub(crate) fn new(pool: Pool) -> Refresher {
+    pub(crate) fn new(backend: Backend) -> Refresher {
         Refresher {
             state: Arc::new(State {
                 schedule: Mutex::new(Schedule::default()),
                 wake: Condvar::new(),
             }),
-            pool,
+            backend,
             thread: Mutex::new(None),
         }
     }
@@ -137,10 +137,10 @@ impl Refresher {
         let mut thread = self.thread.lock();
         if thread.is_none() {
             let state = Arc::clone(&self.state);
-            let pool = self.pool.clone();
+            let backend = self.backend.clone();
             let handle = thread::Builder::new()
                 .name("redguard-refresher".into())
-                .spawn(move || run(&state, &pool))?;
+                .spawn(move || run(&state, &backend))?;
             *thread = Some(handle);
         }
         Ok(())
@@ -159,7 +159,7 @@ impl Drop for Refresher {
     }
 }
 
-fn run(state: &State, pool: &Pool) {
+fn run(state: &State, backend: &Backend) {
     let mut batch = Vec::new();
     loop {
         {
@@ -183,7 +183,7 @@ fn run(state: &State, pool: &Pool) {
                 }
             }
         }
-        refresh(state, pool, &batch);
+        refresh(state, backend, &batch);
         batch.clear();
     }
 }
@@ -220,7 +220,7 @@ impl Schedule {
 
 /// One round trip for the whole batch, then the bookkeeping, without holding the
 /// schedule's lock across the I/O.
-fn refresh(state: &State, pool: &Pool, batch: &[Arc<Held>]) {
+fn refresh(state: &State, backend: &Backend, batch: &[Arc<Held>]) {
     let ttls: Vec<u64> = batch.iter().map(|held| held.timing().ttl_ms).collect();
     let locks: Vec<Refresh<'_>> = batch
         .iter()
@@ -232,7 +232,7 @@ fn refresh(state: &State, pool: &Pool, batch: &[Arc<Held>]) {
         })
         .collect();
     let sent_at = Instant::now();
-    let result = pool.run(|con| scripts::refresh(con, &locks));
+    let result = backend.refresh(&locks);
 
     let mut schedule = state.schedule.lock();
     match result {

@@ -119,6 +119,11 @@ impl Iterator for Delays {
 }
 
 impl Delays {
+    /// A random wait up to `max`, for spreading out attempts that collided.
+    pub(crate) fn jitter(&mut self, max: Duration) -> Duration {
+        max.mul_f64(self.next_unit())
+    }
+
     /// A number in [0, 1) from xorshift64*: jitter needs spread, not secrecy.
     fn next_unit(&mut self) -> f64 {
         self.rng ^= self.rng >> 12;

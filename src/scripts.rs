@@ -1,16 +1,17 @@
 //! The four Lua scripts in `lua/`, and typed calls to them.
 //!
 //! Each call is one round trip: EVALSHA, with SCRIPT LOAD and a second try when the
-//! server answers NOSCRIPT (after a restart or SCRIPT FLUSH).
+//! server answers NOSCRIPT (after a restart or SCRIPT FLUSH). Each call is also available
+//! as a [`Call`] and a parser, for sending one request to several servers at once.
 
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::{ErrorKind, RedisError, RedisResult, Script, Value};
+use redis::{
+    Cmd, ConnectionLike, ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Value,
+};
 
 use crate::fence::fence_key;
-use crate::pool::Conn;
-
 static ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/acquire.lua")));
 static REFRESH: LazyLock<Script> =
@@ -19,6 +20,58 @@ static RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/release.lua")));
 static TTL: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../lua/ttl.lua")));
 
+/// One script call, ready to send: the EVALSHA, and the script to load should the server
+/// not know it.
+pub(crate) struct Call {
+    script: Option<&'static Script>,
+    cmd: Cmd,
+}
+
+impl Call {
+    fn new(script: &'static Script, keys: &[&str], args: &[&str]) -> Call {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash())
+            .arg(keys.len())
+            .arg(keys)
+            .arg(args);
+        Call {
+            script: Some(script),
+            cmd,
+        }
+    }
+
+    /// A plain command, no script.
+    pub(crate) fn command(cmd: Cmd) -> Call {
+        Call { script: None, cmd }
+    }
+
+    /// The request as bytes on the wire.
+    pub(crate) fn packed(&self) -> Vec<u8> {
+        self.cmd.get_packed_command()
+    }
+
+    /// Runs the call, loading the script first if the server answers NOSCRIPT.
+    pub(crate) fn run(&self, con: &mut dyn ConnectionLike) -> RedisResult<Value> {
+        match self.cmd.query(con) {
+            Err(e) if is_noscript(&e) => self.reload_and_run(con),
+            result => result,
+        }
+    }
+
+    /// After a NOSCRIPT answer: loads the script, then runs the call again.
+    pub(crate) fn reload_and_run(&self, con: &mut dyn ConnectionLike) -> RedisResult<Value> {
+        if let Some(script) = self.script {
+            script.load(con)?;
+        }
+        self.cmd.query(con)
+    }
+}
+
+/// Whether the server did not know the script (restarted, or SCRIPT FLUSH).
+pub(crate) fn is_noscript(e: &RedisError) -> bool {
+    e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
+}
+
 /// What one acquisition attempt found.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Acquired {
@@ -26,6 +79,10 @@ pub(crate) enum Acquired {
     Yes { fences: Vec<u64> },
     /// Another owner holds at least one key; nothing was changed.
     HeldElsewhere,
+    /// On a quorum: some nodes were free but not a majority (a release still on its way
+    /// to the others, or another owner taking them at the same time); what was taken has
+    /// been taken back. Worth another attempt soon.
+    Split,
     /// `key` holds a Redis `kind` other than a string; nothing was changed.
     WrongType { key: String, kind: String },
 }
@@ -38,76 +95,87 @@ pub(crate) enum Acquired {
 /// key set does the script run (to re-obtain for the same owner, or to name a key of
 /// another type).
 pub(crate) fn acquire(
-    con: &mut Conn,
+    con: &mut dyn ConnectionLike,
     attempt: &Attempt<'_>,
     set_first: bool,
 ) -> RedisResult<Acquired> {
-    let Attempt {
-        keys,
-        value,
-        token_len,
-        ttl_ms,
-        fencing,
-        prefix,
-    } = *attempt;
-    con.run(|con| {
-        if let [key] = keys
-            && set_first
-            && !fencing
-        {
-            let set: Option<String> = redis::cmd("SET")
-                .arg(key)
-                .arg(value)
-                .arg("NX")
-                .arg("PX")
-                .arg(ttl_ms)
-                .query(con)?;
-            if set.is_some() {
-                return Ok(Acquired::Yes { fences: Vec::new() });
+    if let [key] = attempt.keys
+        && set_first
+        && !attempt.fencing
+    {
+        let set: Option<String> = redis::cmd("SET")
+            .arg(key)
+            .arg(attempt.value)
+            .arg("NX")
+            .arg("PX")
+            .arg(attempt.ttl_ms)
+            .query(con)?;
+        if set.is_some() {
+            return Ok(Acquired::Yes { fences: Vec::new() });
+        }
+    }
+    parse_acquired(acquire_call(attempt).run(con)?)
+}
+
+/// The acquire script's call for `attempt` (never the plain `SET`).
+pub(crate) fn acquire_call(attempt: &Attempt<'_>) -> Call {
+    let counters: Vec<String> = if attempt.fencing {
+        let prefix = attempt.prefix;
+        attempt
+            .keys
+            .iter()
+            .map(|key| format!("{prefix}{}", fence_key(key)))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let keys: Vec<&str> = attempt
+        .keys
+        .iter()
+        .chain(&counters)
+        .map(String::as_str)
+        .collect();
+    let token_len = attempt.token_len.to_string();
+    let ttl_ms = attempt.ttl_ms.to_string();
+    let fencing = if attempt.fencing { "1" } else { "0" };
+    Call::new(
+        &ACQUIRE,
+        &keys,
+        &[attempt.value, &token_len, &ttl_ms, fencing],
+    )
+}
+
+/// The acquire script's answer.
+pub(crate) fn parse_acquired(reply: Value) -> RedisResult<Acquired> {
+    Ok(match reply {
+        Value::Int(1) => Acquired::Yes { fences: Vec::new() },
+        Value::Int(0) => Acquired::HeldElsewhere,
+        other => match redis::from_redis_value::<Vec<Value>>(other)?.as_slice() {
+            [tag, fences @ ..] if *tag == Value::BulkString(b"fences".to_vec()) => {
+                // A token is at least 1: never let a bad reply wrap around to a huge one.
+                let fences = fences
+                    .iter()
+                    .map(|fence| match redis::from_redis_value_ref::<i64>(fence)? {
+                        fence @ 1.. => Ok(fence.unsigned_abs()),
+                        _ => Err(RedisError::from((
+                            ErrorKind::UnexpectedReturnType,
+                            "acquire script gave a fencing token under 1",
+                        ))),
+                    })
+                    .collect::<RedisResult<_>>()?;
+                Acquired::Yes { fences }
             }
-        }
-        let mut invocation = ACQUIRE.prepare_invoke();
-        invocation.key(keys);
-        if fencing {
-            let counters = keys.iter().map(|key| format!("{prefix}{}", fence_key(key)));
-            invocation.key(counters.collect::<Vec<_>>());
-        }
-        invocation
-            .arg(value)
-            .arg(token_len)
-            .arg(ttl_ms)
-            .arg(if fencing { "1" } else { "0" });
-        let reply: Value = invocation.invoke(con)?;
-        Ok(match reply {
-            Value::Int(1) => Acquired::Yes { fences: Vec::new() },
-            Value::Int(0) => Acquired::HeldElsewhere,
-            other => match redis::from_redis_value::<Vec<Value>>(other)?.as_slice() {
-                [tag, fences @ ..] if *tag == Value::BulkString(b"fences".to_vec()) => {
-                    // A token is at least 1: never let a bad reply wrap around to a huge one.
-                    let fences = fences
-                        .iter()
-                        .map(|fence| match redis::from_redis_value_ref::<i64>(fence)? {
-                            fence @ 1.. => Ok(fence.unsigned_abs()),
-                            _ => Err(RedisError::from((
-                                ErrorKind::UnexpectedReturnType,
-                                "acquire script gave a fencing token under 1",
-                            ))),
-                        })
-                        .collect::<RedisResult<_>>()?;
-                    Acquired::Yes { fences }
-                }
-                [_, key, kind] => Acquired::WrongType {
-                    key: redis::from_redis_value_ref(key)?,
-                    kind: redis::from_redis_value_ref(kind)?,
-                },
-                _ => {
-                    return Err(RedisError::from((
-                        ErrorKind::UnexpectedReturnType,
-                        "acquire script answered in an unknown shape",
-                    )));
-                }
+            [_, key, kind] => Acquired::WrongType {
+                key: redis::from_redis_value_ref(key)?,
+                kind: redis::from_redis_value_ref(kind)?,
             },
-        })
+            _ => {
+                return Err(RedisError::from((
+                    ErrorKind::UnexpectedReturnType,
+                    "acquire script answered in an unknown shape",
+                )));
+            }
+        },
     })
 }
 
@@ -134,20 +202,38 @@ pub(crate) struct Refresh<'a> {
 /// Sets the TTL of each lock whose keys all still hold its value, in one script call (one
 /// reply, so one I/O bound however many locks); one `bool` per lock, `false` when not
 /// held. An empty batch sends nothing.
-pub(crate) fn refresh(con: &mut Conn, locks: &[Refresh<'_>]) -> RedisResult<Vec<bool>> {
+pub(crate) fn refresh(
+    con: &mut dyn ConnectionLike,
+    locks: &[Refresh<'_>],
+) -> RedisResult<Vec<bool>> {
     if locks.is_empty() {
         return Ok(Vec::new());
     }
-    let mut invocation = REFRESH.prepare_invoke();
-    for lock in locks {
-        invocation.key(lock.keys);
-        invocation
-            .arg(lock.keys.len())
-            .arg(lock.value)
-            .arg(lock.ttl_ms);
-    }
-    let held: Vec<bool> = con.run(|con| invocation.invoke(con))?;
-    if held.len() != locks.len() {
+    parse_refreshed(refresh_call(locks).run(con)?, locks.len())
+}
+
+/// The refresh script's call for a non-empty batch.
+pub(crate) fn refresh_call(locks: &[Refresh<'_>]) -> Call {
+    let keys: Vec<&str> = locks
+        .iter()
+        .flat_map(|lock| lock.keys.iter().map(String::as_str))
+        .collect();
+    let numbers: Vec<(String, String)> = locks
+        .iter()
+        .map(|lock| (lock.keys.len().to_string(), lock.ttl_ms.to_string()))
+        .collect();
+    let args: Vec<&str> = locks
+        .iter()
+        .zip(&numbers)
+        .flat_map(|(lock, (count, ttl))| [count.as_str(), lock.value, ttl.as_str()])
+        .collect();
+    Call::new(&REFRESH, &keys, &args)
+}
+
+/// The refresh script's answer for a batch of `len` locks.
+pub(crate) fn parse_refreshed(reply: Value, len: usize) -> RedisResult<Vec<bool>> {
+    let held: Vec<bool> = redis::from_redis_value(reply)?;
+    if held.len() != len {
         return Err(RedisError::from((
             ErrorKind::UnexpectedReturnType,
             "refresh script answered for a different number of locks",
@@ -157,20 +243,44 @@ pub(crate) fn refresh(con: &mut Conn, locks: &[Refresh<'_>]) -> RedisResult<Vec<
 }
 
 /// Deletes `keys` if every one still holds `value`, and announces each on
-/// `channels` + key; `false` when not held.
+/// `channels` + key (nothing is announced when `channels` is empty); `false` when not held.
 pub(crate) fn release(
-    con: &mut Conn,
+    con: &mut dyn ConnectionLike,
     keys: &[String],
     value: &str,
     channels: &str,
 ) -> RedisResult<bool> {
-    con.run(|con| RELEASE.key(keys).arg(value).arg(channels).invoke(con))
+    parse_released(release_call(keys, value, channels).run(con)?)
+}
+
+/// The release script's answer: whether the lock was held (and is now deleted).
+pub(crate) fn parse_released(reply: Value) -> RedisResult<bool> {
+    Ok(redis::from_redis_value(reply)?)
+}
+
+pub(crate) fn release_call(keys: &[String], value: &str, channels: &str) -> Call {
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    Call::new(&RELEASE, &keys, &[value, channels])
 }
 
 /// The shortest remaining TTL of `keys` if every one still holds `value`; `None` when not
 /// held. A lock whose keys have no TTL at all (someone ran PERSIST) reports `Duration::MAX`.
-pub(crate) fn ttl(con: &mut Conn, keys: &[String], value: &str) -> RedisResult<Option<Duration>> {
-    let ms: i64 = con.run(|con| TTL.key(keys).arg(value).invoke(con))?;
+pub(crate) fn ttl(
+    con: &mut dyn ConnectionLike,
+    keys: &[String],
+    value: &str,
+) -> RedisResult<Option<Duration>> {
+    parse_ttl(ttl_call(keys, value).run(con)?)
+}
+
+pub(crate) fn ttl_call(keys: &[String], value: &str) -> Call {
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    Call::new(&TTL, &keys, &[value])
+}
+
+/// The TTL script's answer.
+pub(crate) fn parse_ttl(reply: Value) -> RedisResult<Option<Duration>> {
+    let ms: i64 = redis::from_redis_value(reply)?;
     Ok(match ms {
         -2 => None,
         -1 => Some(Duration::MAX),

@@ -18,6 +18,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -37,7 +38,9 @@ const SWEEP: Duration = Duration::from_secs(1);
 
 pub(crate) struct Subscriber {
     board: Arc<Board>,
-    pool: Pool,
+    /// The servers it may listen on (several for a quorum, where each hears every
+    /// release): it moves to the next one when its connection fails.
+    pools: Arc<[Pool]>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -50,6 +53,8 @@ struct Board {
     wake: String,
     /// Where release channels start: the locker's prefix, then [`RELEASED`].
     released: String,
+    /// Which of the pools the thread listens on now.
+    listening: AtomicUsize,
 }
 
 #[derive(Default)]
@@ -84,16 +89,16 @@ pub(crate) struct Seen {
 
 impl Subscriber {
     /// A subscriber for a locker whose keys and channels start with `prefix`.
-    pub(crate) fn new(pool: Pool, prefix: &str) -> Subscriber {
+    pub(crate) fn new(pools: Vec<Pool>, prefix: &str) -> Subscriber {
         // A random channel name: lockers in other processes must not wake ours.
-        let id = random_token().unwrap_or_else(|_| format!("{:p}", &pool));
+        let id = random_token().unwrap_or_else(|_| format!("{:p}", &pools));
         Subscriber {
             board: Arc::new(Board {
                 wake: format!("{prefix}redguard:wake:{id}"),
                 released: format!("{prefix}{RELEASED}"),
                 ..Board::default()
             }),
-            pool,
+            pools: pools.into(),
             thread: Mutex::new(None),
         }
     }
@@ -116,7 +121,7 @@ impl Subscriber {
     /// Registers a waiter for `keys`, who noted `before` of them before its last attempt.
     /// Starts the thread, and has it subscribe to new keys, if need be.
     pub(crate) fn wait_for(&self, keys: &[String], before: Seen) -> Ticket<'_> {
-        if !self.pool.can_dedicate() {
+        if !self.pools.iter().any(Pool::can_dedicate) {
             // No connection to subscribe with: the waiter waits out its delays.
             return Ticket::new(&self.board, Vec::new(), before);
         }
@@ -137,11 +142,11 @@ impl Subscriber {
         let mut thread = self.thread.lock();
         if thread.is_none() {
             let board = Arc::clone(&self.board);
-            let pool = self.pool.clone();
+            let pools = Arc::clone(&self.pools);
             // If the thread cannot start, waiters wait out their delays: slower, correct.
             *thread = thread::Builder::new()
                 .name("redguard-subscriber".into())
-                .spawn(move || run(&board, &pool))
+                .spawn(move || run(&board, &pools))
                 .ok();
         }
     }
@@ -149,7 +154,8 @@ impl Subscriber {
     /// Interrupts the thread's read with a message on its own channel. Best effort, and
     /// only with a connection free at once: the thread looks up every [`SWEEP`] anyway.
     fn wake_thread(&self) {
-        if let Some(mut con) = self.pool.try_get() {
+        let listening = self.board.listening.load(Ordering::Relaxed);
+        if let Some(mut con) = self.pools.get(listening).and_then(Pool::try_get) {
             let _ = con.run(|con| {
                 redis::cmd("PUBLISH")
                     .arg(&self.board.wake)
@@ -341,22 +347,28 @@ impl State {
 }
 
 /// The thread: (re)connect, subscribe, listen, until the locker is gone.
-fn run(board: &Board, pool: &Pool) {
-    listen_until_stopped(board, pool);
+fn run(board: &Board, pools: &[Pool]) {
+    listen_until_stopped(board, pools);
     board.state.lock().finished = true;
     board.changed.notify_all();
 }
 
-fn listen_until_stopped(board: &Board, pool: &Pool) {
+fn listen_until_stopped(board: &Board, pools: &[Pool]) {
     let mut backoff = Duration::from_millis(10);
+    let mut listening = 0;
     loop {
         if board.state.lock().stopping {
             return;
         }
+        board.listening.store(listening, Ordering::Relaxed);
+        let Some(pool) = pools.get(listening) else {
+            return; // no server at all: waiters wait out their delays
+        };
         match listen(board, pool, &mut backoff) {
             Ok(()) => return, // stopped
             Err(_) => board.disconnected(),
         }
+        listening = (listening + 1) % pools.len();
         let mut state = board.state.lock();
         if !state.stopping {
             board.changed.wait_for(&mut state, backoff);

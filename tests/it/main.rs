@@ -1,10 +1,12 @@
 //! Integration tests: one binary (links once), each test against its own redis-server.
 
+mod cluster_server;
 mod faults;
 mod fencing;
 mod input;
 mod lock;
 mod props;
+mod redlock;
 mod refresh;
 mod security;
 mod server;

@@ -1,0 +1,88 @@
+//! Where the locks live: one Redis server, or a quorum of independent ones (Redlock).
+//! Each operation is the same script everywhere; only how it reaches Redis differs.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::held::no_drift;
+use crate::pool::Pool;
+use crate::quorum::{self, Quorum};
+use crate::scripts::{self, Acquired, Attempt, Refresh};
+use crate::{Error, Result};
+
+#[derive(Clone)]
+pub(crate) enum Backend {
+    Single(Pool),
+    Quorum(Arc<Quorum>),
+}
+
+impl Backend {
+    /// Refuses, before any round trip, what this backend cannot do.
+    pub(crate) fn supports(&self, fencing: bool, ttl_ms: u64) -> Result<()> {
+        match self {
+            Backend::Single(_) => Ok(()),
+            Backend::Quorum(_) if fencing => Err(Error::InvalidInput(
+                "fencing tokens need one server or a cluster: independent counters on a \
+                 quorum of servers cannot give one rising sequence"
+                    .into(),
+            )),
+            Backend::Quorum(_) if ttl_ms <= quorum::drift_ms(ttl_ms) => Err(Error::InvalidInput(
+                format!("ttl of {ttl_ms} ms is within the clock drift allowance of a quorum lock"),
+            )),
+            Backend::Quorum(_) => Ok(()),
+        }
+    }
+
+    /// One attempt to take every key; see [`scripts::acquire`] and [`Quorum::acquire`].
+    pub(crate) fn acquire(&self, attempt: &Attempt<'_>, set_first: bool) -> Result<Acquired> {
+        match self {
+            // Safe to repeat: taking keys that already hold our value again is a no-op.
+            Backend::Single(pool) => pool.run(|con| scripts::acquire(con, attempt, set_first)),
+            Backend::Quorum(quorum) => quorum.acquire(attempt),
+        }
+    }
+
+    /// Refreshes a batch; one `bool` per lock, `false` when no longer held.
+    pub(crate) fn refresh(&self, locks: &[Refresh<'_>]) -> Result<Vec<bool>> {
+        match self {
+            // Safe to repeat: setting the same TTL twice is the same as once.
+            Backend::Single(pool) => pool.run(|con| scripts::refresh(con, locks)),
+            Backend::Quorum(quorum) => quorum.refresh(locks),
+        }
+    }
+
+    /// Deletes the keys if they hold `value`; `false` when the lock was not held.
+    pub(crate) fn release(&self, keys: &[String], value: &str, channels: &str) -> Result<bool> {
+        match self {
+            // Repeated only when the connection was found closed: should the server have run
+            // the first one after all, the second reports the lock lost (never the reverse).
+            Backend::Single(pool) => pool.run(|con| scripts::release(con, keys, value, channels)),
+            Backend::Quorum(quorum) => quorum.release(keys, value, channels),
+        }
+    }
+
+    /// The lock's remaining TTL; `None` when it is not held.
+    pub(crate) fn ttl(&self, keys: &[String], value: &str) -> Result<Option<Duration>> {
+        match self {
+            Backend::Single(pool) => pool.run(|con| scripts::ttl(con, keys, value)),
+            Backend::Quorum(quorum) => quorum.ttl(keys, value),
+        }
+    }
+
+    /// How much sooner than its TTL (both in ms) a lock is taken as lost.
+    pub(crate) fn drift(&self) -> fn(u64) -> u64 {
+        match self {
+            Backend::Single(_) => no_drift,
+            Backend::Quorum(_) => quorum::drift_ms,
+        }
+    }
+
+    /// The servers a subscriber may listen on for releases (any one of them hears every
+    /// release it is told of).
+    pub(crate) fn listen_pools(&self) -> Vec<Pool> {
+        match self {
+            Backend::Single(pool) => vec![pool.clone()],
+            Backend::Quorum(quorum) => quorum.pools(),
+        }
+    }
+}

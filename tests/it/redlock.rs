@@ -1,0 +1,340 @@
+//! Redlock: five private servers, some killed, frozen, restarted empty or out of reach.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redguard::{Error, LockOptions, Locker, Retry};
+
+use crate::eventually;
+use crate::server::{RedisServer, free_port};
+
+/// Far above a round trip on a loaded 2-core machine; far below the TTLs used here.
+const NODE_TIMEOUT: Duration = Duration::from_millis(300);
+
+fn five() -> Vec<RedisServer> {
+    (0..5).map(|_| RedisServer::start()).collect()
+}
+
+fn urls(servers: &[RedisServer]) -> Vec<String> {
+    servers.iter().map(RedisServer::url).collect()
+}
+
+fn redlock(urls: &[String]) -> Locker {
+    Locker::builder()
+        .pool_size(4)
+        .node_timeout(NODE_TIMEOUT)
+        .connect_timeout(NODE_TIMEOUT)
+        .build_redlock(urls)
+        .expect("a majority of the test's servers answers")
+}
+
+/// The value each server stores under `key` (`None` where it has none).
+fn values(servers: &[RedisServer], key: &str) -> Vec<Option<String>> {
+    servers.iter().map(|s| s.query(&["GET", key])).collect()
+}
+
+#[test]
+fn lock_is_taken_and_released_on_every_node_in_one_script_call_each() {
+    let servers = five();
+    let locker = redlock(&urls(&servers));
+    // Warm up: each script's first call on a fresh server loads it (NOSCRIPT, then again).
+    let warm = locker.lock(&["warm"]).unwrap();
+    warm.ttl().unwrap();
+    warm.release().unwrap();
+    let before: Vec<u64> = servers.iter().map(RedisServer::evalsha_calls).collect();
+    let guard = locker.lock(&["a", "b"]).unwrap();
+    let token = guard.token().to_string();
+    for value in values(&servers, "a")
+        .into_iter()
+        .chain(values(&servers, "b"))
+    {
+        assert_eq!(value.as_deref(), Some(token.as_str()));
+    }
+    let ttl = guard.ttl().unwrap().expect("held");
+    assert!(
+        ttl > Duration::from_secs(25) && ttl <= Duration::from_secs(30),
+        "{ttl:?}"
+    );
+    guard.release().unwrap();
+    assert!(values(&servers, "a").iter().all(Option::is_none));
+    // acquire, ttl and release: one script call on each node for each.
+    for (server, before) in servers.iter().zip(before) {
+        assert_eq!(server.evalsha_calls() - before, 3);
+    }
+}
+
+#[test]
+fn a_majority_excludes_another_owner_and_all_or_nothing_holds() {
+    let servers = five();
+    let urls = urls(&servers);
+    let (one, two) = (redlock(&urls), redlock(&urls));
+    let _held = one.lock(&["x", "y"]).unwrap();
+    assert!(two.try_lock(&["y", "z"]).unwrap().is_none());
+    assert!(
+        values(&servers, "z").iter().all(Option::is_none),
+        "a failed attempt takes back what it took"
+    );
+    // Another owner holding the key on three nodes behind our back wins the vote.
+    for server in &servers[..3] {
+        let _: () = server.query(&["SET", "w", "someone-else", "PX", "60000"]);
+    }
+    assert!(one.try_lock(&["w"]).unwrap().is_none());
+    for server in &servers[3..] {
+        assert!(
+            server.query::<Option<String>>(&["GET", "w"]).is_none(),
+            "taken back"
+        );
+    }
+}
+
+#[test]
+fn two_nodes_killed_locks_still_work() {
+    let mut servers = five();
+    let urls = urls(&servers);
+    let locker = redlock(&urls);
+    let held = locker.lock(&["k"]).unwrap();
+    servers[1].kill();
+    servers[3].kill();
+    held.refresh(Duration::from_secs(10)).unwrap();
+    assert!(held.ttl().unwrap().is_some());
+    assert!(
+        locker.try_lock(&["k"]).unwrap().is_none(),
+        "still exclusive"
+    );
+    held.release().unwrap();
+    let started = Instant::now();
+    let again = locker.lock(&["k"]).unwrap();
+    assert!(
+        started.elapsed() < 2 * NODE_TIMEOUT,
+        "{:?}",
+        started.elapsed()
+    );
+    again.release().unwrap();
+}
+
+#[test]
+fn three_nodes_killed_gives_not_obtained_at_once() {
+    let mut servers = five();
+    let locker = redlock(&urls(&servers));
+    let held = locker.lock(&["k"]).unwrap();
+    for i in [0, 2, 4] {
+        servers[i].kill();
+    }
+    for _ in 0..3 {
+        let started = Instant::now();
+        // No deadline, endless retries: still no hang.
+        let result = locker.lock(&["other"]);
+        assert!(matches!(result, Err(Error::NotObtained)), "{result:?}");
+        assert!(
+            started.elapsed() < 2 * NODE_TIMEOUT,
+            "{:?}",
+            started.elapsed()
+        );
+    }
+    assert!(held.refresh(Duration::from_secs(10)).is_err());
+    assert!(held.ttl().is_err());
+    let started = Instant::now();
+    drop(held);
+    assert!(started.elapsed() < 2 * NODE_TIMEOUT, "drop is bounded");
+}
+
+#[test]
+fn frozen_nodes_cost_one_node_timeout_together_then_are_left_out() {
+    let servers = five();
+    let locker = redlock(&urls(&servers));
+    drop(locker.lock(&["warm"]).unwrap()); // connections made
+    servers[0].pause();
+    servers[4].pause();
+    let started = Instant::now();
+    let guard = locker.lock(&["k"]).unwrap();
+    let first = started.elapsed();
+    // Both replies are awaited against one deadline, not one after the other.
+    assert!(
+        first >= NODE_TIMEOUT && first < NODE_TIMEOUT * 3 / 2,
+        "{first:?}"
+    );
+    let started = Instant::now();
+    guard.release().unwrap();
+    assert!(
+        started.elapsed() < NODE_TIMEOUT / 2,
+        "left out: {:?}",
+        started.elapsed()
+    );
+    servers[0].resume();
+    servers[4].resume();
+}
+
+#[test]
+fn node_restarted_empty_during_a_hold_keeps_the_lock_and_its_exclusion() {
+    let mut servers = five();
+    let urls = urls(&servers);
+    let (one, two) = (redlock(&urls), redlock(&urls));
+    let guard = one.lock(&["k"]).unwrap();
+    servers[2].kill();
+    servers[2].restart(); // in memory only: the key is gone there
+    assert_eq!(values(&servers, "k")[2], None);
+    assert!(
+        two.try_lock(&["k"]).unwrap().is_none(),
+        "four of five still hold it"
+    );
+    guard.refresh(Duration::from_secs(10)).unwrap();
+    assert!(!guard.is_lost());
+    assert!(guard.ttl().unwrap().is_some());
+    guard.release().unwrap();
+    assert!(two.try_lock(&["k"]).unwrap().is_some());
+}
+
+#[test]
+fn clients_that_each_reach_a_different_three_of_five_exclude_each_other() {
+    let servers = five();
+    let all = urls(&servers);
+    // A node a client cannot reach: a closed port in its place.
+    let unreachable = || format!("redis://127.0.0.1:{}/", free_port());
+    let views = [[0, 1, 2], [2, 3, 4], [0, 3, 4], [1, 2, 4]];
+    let lockers: Vec<Locker> = views
+        .iter()
+        .map(|view| {
+            let seen: Vec<String> = (0..5)
+                .map(|i| {
+                    if view.contains(&i) {
+                        all[i].clone()
+                    } else {
+                        unreachable()
+                    }
+                })
+                .collect();
+            redlock(&seen)
+        })
+        .collect();
+    let inside = Arc::new(AtomicBool::new(false));
+    let entries = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + Duration::from_millis(1500);
+    let threads: Vec<_> = lockers
+        .into_iter()
+        .map(|locker| {
+            let (inside, entries) = (Arc::clone(&inside), Arc::clone(&entries));
+            thread::spawn(move || {
+                let options =
+                    || LockOptions::default().retry(Retry::linear(Duration::from_millis(5)));
+                let mut mine = 0;
+                while Instant::now() < deadline {
+                    let guard = locker
+                        .lock_with(&["shared"], options().timeout(Duration::from_secs(5)))
+                        .unwrap();
+                    assert!(!inside.swap(true, Ordering::SeqCst), "two owners at once");
+                    thread::sleep(Duration::from_micros(200));
+                    inside.store(false, Ordering::SeqCst);
+                    entries.fetch_add(1, Ordering::Relaxed);
+                    mine += 1;
+                    guard.release().unwrap();
+                }
+                mine
+            })
+        })
+        .collect();
+    let per_client: Vec<u64> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    assert!(
+        per_client.iter().all(|&n| n > 0),
+        "every client got in: {per_client:?}"
+    );
+    assert!(entries.load(Ordering::Relaxed) > 20);
+}
+
+#[test]
+fn refresher_keeps_a_short_lock_alive_on_a_majority() {
+    let mut servers = five();
+    let locker = redlock(&urls(&servers));
+    let guard = locker
+        .lock_with(
+            &["k"],
+            LockOptions::default().ttl(Duration::from_millis(600)),
+        )
+        .unwrap();
+    servers[0].kill();
+    let until = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < until {
+        assert!(!guard.is_lost());
+        thread::sleep(Duration::from_millis(50));
+    }
+    let ttl = guard.ttl().unwrap().expect("held");
+    assert!(ttl <= Duration::from_millis(600));
+    // Deleted on three nodes behind its back: the refresher sees a minority and gives up.
+    for server in &servers[1..4] {
+        let _: u64 = server.query(&["DEL", "k"]);
+    }
+    eventually(
+        Duration::from_secs(2),
+        "the refresher marks the lock lost",
+        || guard.is_lost(),
+    );
+}
+
+#[test]
+fn waiter_is_woken_by_a_release() {
+    let servers = five();
+    let locker = redlock(&urls(&servers));
+    let holder = locker.lock(&["k"]).unwrap();
+    let waiting = {
+        let locker = locker.clone();
+        thread::spawn(move || {
+            let slow = LockOptions::default()
+                .retry(Retry::linear(Duration::from_secs(10)))
+                .timeout(Duration::from_secs(30));
+            let guard = locker.lock_with(&["k"], slow);
+            (guard, Instant::now())
+        })
+    };
+    eventually(Duration::from_secs(5), "the waiter subscribes", || {
+        servers[0].subscribers("redguard:released:k") == 1
+    });
+    let released = Instant::now();
+    holder.release().unwrap();
+    let (guard, got) = waiting.join().unwrap();
+    drop(guard.unwrap());
+    assert!(
+        got - released < Duration::from_secs(1),
+        "{:?}",
+        got - released
+    );
+}
+
+#[test]
+fn bad_quorum_settings_are_refused_before_locking() {
+    let servers = five();
+    let urls = urls(&servers);
+    let none: [&str; 0] = [];
+    assert!(matches!(
+        Locker::builder().build_redlock(&none),
+        Err(Error::InvalidInput(_))
+    ));
+    let twice = [urls[0].clone(), urls[1].clone(), urls[0].clone()];
+    assert!(matches!(
+        Locker::builder().build_redlock(&twice),
+        Err(Error::InvalidInput(_))
+    ));
+    let zero = Locker::builder().node_timeout(Duration::ZERO);
+    assert!(matches!(
+        zero.build_redlock(&urls),
+        Err(Error::InvalidInput(_))
+    ));
+    let locker = redlock(&urls);
+    let fenced = locker.lock_with(&["k"], LockOptions::default().fencing(true));
+    assert!(matches!(fenced, Err(Error::InvalidInput(_))), "{fenced:?}");
+    let tiny = locker.lock_with(&["k"], LockOptions::default().ttl(Duration::from_millis(2)));
+    assert!(matches!(tiny, Err(Error::InvalidInput(_))), "{tiny:?}");
+    // A majority unreachable at build time.
+    let mostly_closed: Vec<String> = (0..3)
+        .map(|_| format!("redis://127.0.0.1:{}/", free_port()))
+        .chain(urls[..2].iter().cloned())
+        .collect();
+    let started = Instant::now();
+    assert!(
+        Locker::builder()
+            .node_timeout(NODE_TIMEOUT)
+            .build_redlock(&mostly_closed)
+            .is_err()
+    );
+    assert!(started.elapsed() < Duration::from_secs(2));
+}
