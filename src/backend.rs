@@ -1,27 +1,42 @@
-//! Where the locks live: one Redis server, or a quorum of independent ones (Redlock).
-//! Each operation is the same script everywhere; only how it reaches Redis differs.
+//! Where the locks live: one Redis server, a quorum of independent ones (Redlock), or a
+//! Redis Cluster. Each operation is the same script everywhere; only how it reaches Redis
+//! differs.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::cluster::ClusterPool;
+use crate::fence::fence_key;
 use crate::held::no_drift;
 use crate::pool::Pool;
 use crate::quorum::{self, Quorum};
 use crate::scripts::{self, Acquired, Attempt, Refresh};
-use crate::{Error, Result};
+use crate::slot::{by_slot, slot};
+use crate::{Error, LockOptions, Result};
 
 #[derive(Clone)]
 pub(crate) enum Backend {
     Single(Pool),
     Quorum(Arc<Quorum>),
+    /// The cluster, and a pool per seed node for the subscriber (any node hears every
+    /// PUBLISH in a cluster).
+    Cluster(Arc<ClusterPool>, Vec<Pool>),
 }
 
 impl Backend {
-    /// Refuses, before any round trip, what this backend cannot do.
-    pub(crate) fn supports(&self, fencing: bool, ttl_ms: u64) -> Result<()> {
+    /// Refuses, before any round trip, what this backend cannot do. `keys` are the Redis
+    /// keys, `names` the caller's (when a prefix makes them differ).
+    pub(crate) fn supports(
+        &self,
+        keys: &[String],
+        names: Option<&[String]>,
+        prefix: &str,
+        options: &LockOptions,
+        ttl_ms: u64,
+    ) -> Result<()> {
         match self {
             Backend::Single(_) => Ok(()),
-            Backend::Quorum(_) if fencing => Err(Error::InvalidInput(
+            Backend::Quorum(_) if options.fencing => Err(Error::InvalidInput(
                 "fencing tokens need one server or a cluster: independent counters on a \
                  quorum of servers cannot give one rising sequence"
                     .into(),
@@ -30,6 +45,7 @@ impl Backend {
                 format!("ttl of {ttl_ms} ms is within the clock drift allowance of a quorum lock"),
             )),
             Backend::Quorum(_) => Ok(()),
+            Backend::Cluster(..) => slots_allow(keys, names.unwrap_or(keys), prefix, options),
         }
     }
 
@@ -39,6 +55,7 @@ impl Backend {
             // Safe to repeat: taking keys that already hold our value again is a no-op.
             Backend::Single(pool) => pool.run(|con| scripts::acquire(con, attempt, set_first)),
             Backend::Quorum(quorum) => quorum.acquire(attempt),
+            Backend::Cluster(cluster, _) => cluster.acquire(attempt, set_first),
         }
     }
 
@@ -48,6 +65,7 @@ impl Backend {
             // Safe to repeat: setting the same TTL twice is the same as once.
             Backend::Single(pool) => pool.run(|con| scripts::refresh(con, locks)),
             Backend::Quorum(quorum) => quorum.refresh(locks),
+            Backend::Cluster(cluster, _) => cluster.refresh(locks),
         }
     }
 
@@ -58,6 +76,7 @@ impl Backend {
             // the first one after all, the second reports the lock lost (never the reverse).
             Backend::Single(pool) => pool.run(|con| scripts::release(con, keys, value, channels)),
             Backend::Quorum(quorum) => quorum.release(keys, value, channels),
+            Backend::Cluster(cluster, _) => cluster.release(keys, value, channels),
         }
     }
 
@@ -66,13 +85,14 @@ impl Backend {
         match self {
             Backend::Single(pool) => pool.run(|con| scripts::ttl(con, keys, value)),
             Backend::Quorum(quorum) => quorum.ttl(keys, value),
+            Backend::Cluster(cluster, _) => cluster.ttl(keys, value),
         }
     }
 
     /// How much sooner than its TTL (both in ms) a lock is taken as lost.
     pub(crate) fn drift(&self) -> fn(u64) -> u64 {
         match self {
-            Backend::Single(_) => no_drift,
+            Backend::Single(_) | Backend::Cluster(..) => no_drift,
             Backend::Quorum(_) => quorum::drift_ms,
         }
     }
@@ -83,6 +103,42 @@ impl Backend {
         match self {
             Backend::Single(pool) => vec![pool.clone()],
             Backend::Quorum(quorum) => quorum.pools(),
+            Backend::Cluster(_, seeds) => seeds.clone(),
         }
     }
+}
+
+/// On a cluster: the keys must share a hash slot unless the options allow otherwise, and
+/// each fencing counter (`prefix` + its name) must share its key's slot.
+fn slots_allow(
+    keys: &[String],
+    names: &[String],
+    prefix: &str,
+    options: &LockOptions,
+) -> Result<()> {
+    let groups = by_slot(keys);
+    if groups.len() > 1 && !options.across_slots {
+        let listed: Vec<String> = keys
+            .iter()
+            .zip(names)
+            .map(|(key, name)| format!("{name:?} (slot {})", slot(key)))
+            .collect();
+        return Err(Error::InvalidInput(format!(
+            "keys in different cluster hash slots: {}; one atomic lock needs one slot: give \
+             the keys a common hash tag (like {{order42}}:a, {{order42}}:b), or allow \
+             LockOptions::across_slots",
+            listed.join(", ")
+        )));
+    }
+    if options.fencing {
+        for (key, name) in keys.iter().zip(names) {
+            if slot(&format!("{prefix}{}", fence_key(key))) != slot(key) {
+                return Err(Error::InvalidInput(format!(
+                    "the fencing counter of {name:?} would be in another hash slot (a key or \
+                     prefix with an unmatched brace): use a key with a hash tag"
+                )));
+            }
+        }
+    }
+    Ok(())
 }

@@ -4,23 +4,18 @@
 //! update both. A key's slot is the hash of its hash tag (the text between its first `{`
 //! and the next `}`, when not empty), or else of the whole key.
 
+use crate::slot::hash_tag;
+
 /// The counter of `key`: `redguard:fence:{<key>}` (the whole key becomes the hash tag),
 /// or `redguard:fence:t:<key>` when the key has a hash tag of its own (the counter then
 /// has the same tag). The two forms never collide. A key with a `}` but no tag cannot be
 /// wrapped either; its counter is in another slot, which matters only on a cluster.
 pub(crate) fn fence_key(key: &str) -> String {
-    if has_hash_tag(key) || key.contains('}') {
+    if hash_tag(key).is_some() || key.contains('}') {
         format!("redguard:fence:t:{key}")
     } else {
         format!("redguard:fence:{{{key}}}")
     }
-}
-
-/// Whether `key` has a non-empty `{...}` hash tag.
-fn has_hash_tag(key: &str) -> bool {
-    key.find('{')
-        .and_then(|open| key[open + 1..].find('}'))
-        .is_some_and(|len| len > 0)
 }
 
 #[cfg(test)]

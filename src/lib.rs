@@ -51,6 +51,7 @@
 #![warn(missing_docs)]
 
 mod backend;
+mod cluster;
 mod error;
 mod fence;
 mod guard;
@@ -62,6 +63,7 @@ mod quorum;
 mod refresher;
 mod retry;
 mod scripts;
+mod slot;
 mod subscriber;
 mod token;
 

@@ -2,9 +2,11 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::{Client, IntoConnectionInfo};
+use redis::cluster::ClusterClient;
+use redis::{Client, ConnectionInfo, IntoConnectionInfo};
 
 use crate::backend::Backend;
+use crate::cluster::ClusterPool;
 use crate::held::{Held, Timing, later};
 use crate::options::{checked_keys, checked_token, checked_ttl};
 use crate::pool::{Bounds, Pool};
@@ -118,7 +120,9 @@ impl Locker {
             )
         };
         let ttl_ms = checked_ttl(options.ttl.unwrap_or(self.shared.default_ttl))?;
-        self.shared.backend.supports(options.fencing, ttl_ms)?;
+        self.shared
+            .backend
+            .supports(&keys, names.as_deref(), prefix, &options, ttl_ms)?;
         let token = match options.token {
             Some(token) => {
                 checked_token(&token)?;
@@ -400,6 +404,75 @@ impl LockerBuilder {
         let quorum = Quorum::new(pools, self.node_timeout);
         quorum.ping()?;
         Ok(self.locker(Backend::Quorum(Arc::new(quorum))))
+    }
+
+    /// A locker on a Redis Cluster, found through one or more of its nodes (`seeds`): a
+    /// pool of [`pool_size`](Self::pool_size) cluster connections (each one reaches every
+    /// master), following MOVED and ASK redirections when slots move.
+    ///
+    /// A lock's keys must share a hash slot — give them a common hash tag, as in
+    /// `{order42}:a`, `{order42}:b` — so that one script takes them atomically, as on one
+    /// server; keys in different slots are refused with an [`Error::InvalidInput`] naming
+    /// the slots, unless the lock allows [`LockOptions::across_slots`]. Fencing counters
+    /// are kept in their key's slot. Release notifications are plain PUBLISHes, which a
+    /// cluster passes to every node; the locker listens on one seed node at a time.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), redguard::Error> {
+    /// let locker = redguard::Locker::builder().build_cluster(&[
+    ///     "redis://10.0.0.1:7000/",
+    ///     "redis://10.0.0.2:7000/",
+    /// ])?;
+    /// let _guard = locker.lock(&["{order42}:items", "{order42}:payment"])?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for no seed or a malformed one, or a bad setting;
+    /// [`Error::Pool`] when the cluster cannot be reached within the checkout timeout.
+    pub fn build_cluster<T: IntoConnectionInfo + Clone>(self, seeds: &[T]) -> Result<Locker> {
+        self.check()?;
+        if seeds.is_empty() {
+            return Err(Error::InvalidInput(
+                "build_cluster needs at least one seed node URL".into(),
+            ));
+        }
+        let invalid =
+            |e: redis::RedisError| Error::InvalidInput(format!("bad redis connection info: {e}"));
+        let infos = seeds
+            .iter()
+            .map(|seed| seed.clone().into_connection_info())
+            .collect::<redis::RedisResult<Vec<_>>>()
+            .map_err(invalid)?;
+        let mut listen = Vec::with_capacity(infos.len());
+        for info in &infos {
+            let client = self.client(info.clone()).map_err(invalid)?;
+            listen.push(Pool::build_lazy(client, 1, self.bounds));
+        }
+        let client = self.cluster_client(infos).map_err(invalid)?;
+        let cluster = ClusterPool::build(client, self.pool_size, self.bounds)?;
+        Ok(self.locker(Backend::Cluster(Arc::new(cluster), listen)))
+    }
+
+    fn cluster_client(&self, seeds: Vec<ConnectionInfo>) -> redis::RedisResult<ClusterClient> {
+        let checkout_ms = u64::try_from(self.bounds.checkout.as_millis()).unwrap_or(u64::MAX);
+        let builder = ClusterClient::builder(seeds)
+            .connection_timeout(self.bounds.connect)
+            .response_timeout(self.bounds.io)
+            // A few redirections or TRYAGAINs (a slot moving), waiting briefly: the
+            // defaults would retry 16 times for up to minutes.
+            .retries(3)
+            .min_retry_wait(10)
+            .max_retry_wait(checkout_ms);
+        #[cfg(feature = "tls")]
+        let builder = match &self.tls_root {
+            None => builder,
+            Some(root) => builder.certs(redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(root.clone()),
+            }),
+        };
+        builder.build()
     }
 
     /// A locker on a new pool of connections to `url` (`redis://[user:password@]host:port/db`).

@@ -36,6 +36,7 @@ pub struct LockOptions {
     pub(crate) token: Option<String>,
     pub(crate) auto_refresh: bool,
     pub(crate) fencing: bool,
+    pub(crate) across_slots: bool,
 }
 
 impl Default for LockOptions {
@@ -48,6 +49,7 @@ impl Default for LockOptions {
             token: None,
             auto_refresh: true,
             fencing: false,
+            across_slots: false,
         }
     }
 }
@@ -133,6 +135,21 @@ impl LockOptions {
     /// Defaults to `false`.
     pub fn fencing(mut self, fencing: bool) -> Self {
         self.fencing = fencing;
+        self
+    }
+
+    /// On a Redis Cluster ([`build_cluster`](crate::LockerBuilder::build_cluster)):
+    /// whether a lock may take keys in different hash slots. They are then taken one slot
+    /// after another, in ascending slot order, and what was taken is released again when
+    /// a slot is held elsewhere — so the lock is still all-or-nothing once returned and
+    /// never deadlocks, but it is not atomic: for a moment, another owner may see some of
+    /// its keys taken and others free, and a crash mid-way leaves the taken ones until
+    /// their TTL. Each slot costs a round trip. Elsewhere this setting changes nothing.
+    ///
+    /// Defaults to `false`: keys in different slots are an [`Error::InvalidInput`] that
+    /// names the slots.
+    pub fn across_slots(mut self, across_slots: bool) -> Self {
+        self.across_slots = across_slots;
         self
     }
 }

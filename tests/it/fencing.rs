@@ -80,6 +80,7 @@ fn counters_outlive_their_locks_and_share_the_keys_hash_slot() {
             "{counter} expires"
         );
     }
+    let slot = crate::cluster_server::RedisCluster::slot;
     assert_eq!(slot("job:7"), slot("redguard:fence:{job:7}"));
     assert_eq!(slot("{user42}:a"), slot("redguard:fence:t:{user42}:a"));
 }
@@ -121,38 +122,4 @@ fn lock_key_that_is_another_keys_counter_is_refused() {
     let result = locker.lock_with(&["k", "redguard:fence:{k}"], fenced());
     assert!(matches!(result, Err(Error::WrongType { .. })), "{result:?}");
     assert_eq!(server.query::<u32>(&["DBSIZE"]), 0, "nothing written");
-}
-
-/// The Redis Cluster hash slot of `key` (CRC16-XMODEM of its hash tag, or of the key).
-fn slot(key: &str) -> u16 {
-    let bytes = key.as_bytes();
-    let hashed = bytes
-        .iter()
-        .position(|&b| b == b'{')
-        .and_then(|open| {
-            let tag = &bytes[open + 1..];
-            let close = tag.iter().position(|&b| b == b'}')?;
-            (close > 0).then(|| &tag[..close])
-        })
-        .unwrap_or(bytes);
-    let mut crc: u16 = 0;
-    for &byte in hashed {
-        crc ^= u16::from(byte) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc % 16384
-}
-
-#[test]
-fn slot_matches_known_values() {
-    // From the Redis Cluster specification and `CLUSTER KEYSLOT`.
-    assert_eq!(slot("123456789"), 0x31c3);
-    assert_eq!(slot("foo"), 12182);
-    assert_eq!(slot("{user1000}.following"), slot("{user1000}.followers"));
 }

@@ -1,0 +1,169 @@
+//! Redis Cluster: each lock's keys on the master that serves their hash slot, through
+//! redis-rs's cluster client (which follows MOVED and ASK redirections).
+//!
+//! A script runs on one slot, so a lock whose keys share a slot (a common hash tag) is
+//! one atomic script call, as on one server. A lock across slots (only with
+//! [`LockOptions::across_slots`](crate::LockOptions::across_slots)) is taken slot by slot,
+//! in ascending slot order, and what was taken is taken back when a slot is held
+//! elsewhere: all-or-nothing in effect, but not atomic.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use redis::cluster::{ClusterClient, ClusterConnection};
+use redis::{ConnectionLike, ErrorKind, RedisError, RedisResult};
+
+use crate::Result;
+use crate::pool::Bounds;
+use crate::scripts::{self, Acquired, Attempt, Refresh};
+use crate::slot::by_slot;
+
+/// A pool of cluster connections (each one a connection to every master).
+pub(crate) struct ClusterPool {
+    pool: r2d2::Pool<ClusterConnector>,
+}
+
+/// Makes cluster connections for the pool, and throws away those that failed mid-request.
+struct ClusterConnector {
+    client: ClusterClient,
+}
+
+struct Tracked {
+    con: ClusterConnection,
+    broken: bool,
+}
+
+impl r2d2::ManageConnection for ClusterConnector {
+    type Connection = Tracked;
+    type Error = RedisError;
+
+    fn connect(&self) -> RedisResult<Tracked> {
+        let con = self.client.get_connection()?;
+        Ok(Tracked { con, broken: false })
+    }
+
+    fn is_valid(&self, tracked: &mut Tracked) -> RedisResult<()> {
+        redis::cmd("PING").query(&mut tracked.con)
+    }
+
+    fn has_broken(&self, tracked: &mut Tracked) -> bool {
+        tracked.broken || !tracked.con.is_open()
+    }
+}
+
+impl ClusterPool {
+    /// A pool of `size` connections to the cluster `client` points at, all made before
+    /// this returns (so that unreachable seeds are reported here).
+    pub(crate) fn build(client: ClusterClient, size: u32, bounds: Bounds) -> Result<ClusterPool> {
+        let pool = r2d2::Pool::builder()
+            .max_size(size)
+            // A PING on every checkout would cost a round trip per lock operation.
+            .test_on_check_out(false)
+            .connection_timeout(bounds.checkout)
+            .build(ClusterConnector { client })?;
+        Ok(ClusterPool { pool })
+    }
+
+    /// Runs one request on a pooled connection. A connection whose request failed other
+    /// than by an error reply may be out of step with its replies: it is not used again.
+    fn run<T>(&self, request: impl FnOnce(&mut dyn ConnectionLike) -> RedisResult<T>) -> Result<T> {
+        let mut tracked = self.pool.get()?;
+        let result = request(&mut tracked.con);
+        if let Err(e) = &result
+            && !matches!(e.kind(), ErrorKind::Server(_))
+        {
+            tracked.broken = true;
+        }
+        Ok(result?)
+    }
+
+    /// One attempt to take every key: one script call per slot.
+    pub(crate) fn acquire(&self, attempt: &Attempt<'_>, set_first: bool) -> Result<Acquired> {
+        let groups = by_slot(attempt.keys);
+        if groups.len() == 1 {
+            return self.run(|con| scripts::acquire(con, attempt, set_first));
+        }
+        // Ascending slot order: two owners after overlapping keys meet at their lowest
+        // shared slot first, so at most one of them gets past it.
+        let mut fences = HashMap::new();
+        for (i, (_, keys)) in groups.iter().enumerate() {
+            let part = Attempt { keys, ..*attempt };
+            let outcome = self.run(|con| scripts::acquire(con, &part, set_first));
+            match outcome {
+                Ok(Acquired::Yes {
+                    fences: part_fences,
+                }) => {
+                    fences.extend(keys.iter().zip(part_fences));
+                }
+                failed => {
+                    // Best effort: what cannot be taken back expires with its TTL.
+                    for (_, keys) in &groups[..i] {
+                        let _ = self.run(|con| scripts::release(con, keys, attempt.value, ""));
+                    }
+                    return failed;
+                }
+            }
+        }
+        let fences = if attempt.fencing {
+            attempt
+                .keys
+                .iter()
+                .filter_map(|key| fences.get(key).copied())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Ok(Acquired::Yes { fences })
+    }
+
+    /// Refreshes a batch with one script call per slot its locks use; a lock is held when
+    /// every part of it was.
+    pub(crate) fn refresh(&self, locks: &[Refresh<'_>]) -> Result<Vec<bool>> {
+        let mut parts: BTreeMap<u16, Vec<(usize, Vec<String>)>> = BTreeMap::new();
+        for (i, lock) in locks.iter().enumerate() {
+            for (slot, keys) in by_slot(lock.keys) {
+                parts.entry(slot).or_default().push((i, keys));
+            }
+        }
+        let mut held = vec![true; locks.len()];
+        for part in parts.values() {
+            let batch: Vec<Refresh<'_>> = part
+                .iter()
+                .map(|(i, keys)| Refresh {
+                    keys,
+                    value: locks[*i].value,
+                    ttl_ms: locks[*i].ttl_ms,
+                })
+                .collect();
+            // Safe to repeat: setting the same TTL twice is the same as once.
+            let refreshed = self.run(|con| scripts::refresh(con, &batch))?;
+            for ((i, _), still) in part.iter().zip(refreshed) {
+                held[*i] &= still;
+            }
+        }
+        Ok(held)
+    }
+
+    /// Releases every slot's part; `false` when some part was no longer held.
+    pub(crate) fn release(&self, keys: &[String], value: &str, channels: &str) -> Result<bool> {
+        let mut released = true;
+        let mut failure = None;
+        for (_, keys) in by_slot(keys) {
+            match self.run(|con| scripts::release(con, &keys, value, channels)) {
+                Ok(held) => released &= held,
+                Err(e) => failure = Some(e),
+            }
+        }
+        failure.map_or(Ok(released), Err)
+    }
+
+    /// The shortest remaining TTL over all slots' parts; `None` when a part is not held.
+    pub(crate) fn ttl(&self, keys: &[String], value: &str) -> Result<Option<Duration>> {
+        let mut shortest = Some(Duration::MAX);
+        for (_, keys) in by_slot(keys) {
+            let ttl = self.run(|con| scripts::ttl(con, &keys, value))?;
+            shortest = shortest.zip(ttl).map(|(a, b)| a.min(b));
+        }
+        Ok(shortest)
+    }
+}

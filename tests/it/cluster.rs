@@ -1,0 +1,192 @@
+//! Redis Cluster: a private three-master cluster, keys in one slot and across slots, a
+//! slot moved to another master while a lock is held.
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redguard::{Error, LockOptions, Locker, Retry};
+
+use crate::cluster_server::RedisCluster;
+use crate::eventually;
+
+fn cluster_locker(cluster: &RedisCluster) -> Locker {
+    // One seed is enough: the client learns the others from it.
+    Locker::builder()
+        .pool_size(4)
+        .build_cluster(&cluster.urls()[..1])
+        .expect("connect to the test's cluster")
+}
+
+/// The value of `key` on the master that serves it (asked there directly).
+fn stored(cluster: &RedisCluster, key: &str) -> Option<String> {
+    let owner = cluster.owner_of(RedisCluster::slot(key));
+    cluster.query(owner, redis::cmd("GET").arg(key))
+}
+
+/// Keys on every master together.
+fn keys_in_cluster(cluster: &RedisCluster) -> u64 {
+    (0..3)
+        .map(|node| cluster.query::<u64>(node, &redis::cmd("DBSIZE")))
+        .sum()
+}
+
+#[test]
+fn keys_sharing_a_hash_tag_lock_atomically_with_fencing_refresh_and_wake_ups() {
+    let cluster = RedisCluster::start();
+    let (one, two) = (cluster_locker(&cluster), cluster_locker(&cluster));
+    let keys = ["{user42}:a", "{user42}:b"];
+    let guard = one
+        .lock_with(
+            &keys,
+            LockOptions::default()
+                .fencing(true)
+                .ttl(Duration::from_millis(600)),
+        )
+        .unwrap();
+    assert_eq!(guard.fences(), [1, 1]);
+    for key in keys {
+        assert_eq!(stored(&cluster, key).as_deref(), Some(guard.token()));
+    }
+    assert!(two.try_lock(&["{user42}:b"]).unwrap().is_none());
+    // Kept alive past its TTL by the refresher.
+    thread::sleep(Duration::from_millis(1200));
+    assert!(!guard.is_lost());
+    assert!(guard.ttl().unwrap().expect("held") <= Duration::from_millis(600));
+
+    // A waiter that retries only every 10 s is woken by the release notification.
+    let waiting = thread::spawn(move || {
+        let slow = LockOptions::default()
+            .retry(Retry::linear(Duration::from_secs(10)))
+            .timeout(Duration::from_secs(20))
+            .fencing(true);
+        let guard = two.lock_with(&["{user42}:a"], slow);
+        (guard, Instant::now())
+    });
+    eventually(Duration::from_secs(5), "the waiter subscribes", || {
+        (0..3).any(|node| {
+            let counts: Vec<redis::Value> = cluster.query(
+                node,
+                redis::cmd("PUBSUB")
+                    .arg("NUMSUB")
+                    .arg("redguard:released:{user42}:a"),
+            );
+            counts.get(1) == Some(&redis::Value::Int(1))
+        })
+    });
+    let released = Instant::now();
+    guard.release().unwrap();
+    let (next, got) = waiting.join().unwrap();
+    let next = next.unwrap();
+    assert!(
+        got - released < Duration::from_secs(1),
+        "{:?}",
+        got - released
+    );
+    assert_eq!(next.fence(), Some(2), "the next owner's token is larger");
+}
+
+#[test]
+fn keys_in_different_slots_are_refused_unless_allowed_and_then_all_or_nothing() {
+    let cluster = RedisCluster::start();
+    let locker = cluster_locker(&cluster);
+    let (a, b) = (RedisCluster::slot("a"), RedisCluster::slot("b"));
+    let refused = locker.lock(&["a", "b"]);
+    match &refused {
+        Err(Error::InvalidInput(why)) => {
+            assert!(
+                why.contains(&a.to_string()) && why.contains(&b.to_string()),
+                "{why}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        keys_in_cluster(&cluster),
+        0,
+        "refused before any round trip"
+    );
+
+    let across = || LockOptions::default().across_slots(true);
+    let keys = ["a", "b", "c", "{a}:2"];
+    let guard = locker.lock_with(&keys, across().fencing(true)).unwrap();
+    assert_eq!(
+        guard.fences(),
+        [1, 1, 1, 1],
+        "one token per key, in key order"
+    );
+    for key in keys {
+        assert_eq!(stored(&cluster, key).as_deref(), Some(guard.token()));
+    }
+    // Another owner wanting "c" and a free key in a lower slot (so taken first) gets
+    // neither: "f" is given back (its fencing counter shows it was taken).
+    assert!(RedisCluster::slot("f") < RedisCluster::slot("c"));
+    let other = cluster_locker(&cluster);
+    let once = across().retry(Retry::none()).fencing(true);
+    let refused = other.lock_with(&["c", "f"], once);
+    assert!(matches!(refused, Err(Error::NotObtained)), "{refused:?}");
+    assert_eq!(stored(&cluster, "f"), None, "what was taken was taken back");
+    assert_eq!(stored(&cluster, "redguard:fence:{f}").as_deref(), Some("1"));
+    guard.refresh(Duration::from_secs(5)).unwrap();
+    assert!(guard.ttl().unwrap().expect("held") > Duration::from_secs(4));
+    guard.release().unwrap();
+    for key in keys {
+        assert_eq!(stored(&cluster, key), None);
+    }
+    // A fencing counter that cannot share its key's slot is refused too.
+    let unmatched = locker.lock_with(&["a}b"], LockOptions::default().fencing(true));
+    assert!(
+        matches!(unmatched, Err(Error::InvalidInput(_))),
+        "{unmatched:?}"
+    );
+}
+
+#[test]
+fn a_slot_moved_to_another_master_during_a_hold_is_followed() {
+    let cluster = RedisCluster::start();
+    let (one, two) = (cluster_locker(&cluster), cluster_locker(&cluster));
+    let key = "{moving}:k";
+    let slot = RedisCluster::slot(key);
+    let guard = one
+        .lock_with(
+            &[key],
+            LockOptions::default().ttl(Duration::from_millis(800)),
+        )
+        .unwrap();
+    let from = cluster.owner_of(slot);
+    let to = (from + 1) % 3;
+    cluster.migrate_slot(slot, to);
+    assert_eq!(cluster.owner_of(slot), to);
+    // Every call below first reaches the old master, gets MOVED, and follows it.
+    assert!(guard.ttl().unwrap().is_some());
+    guard.refresh(Duration::from_secs(5)).unwrap();
+    assert!(
+        two.try_lock(&[key]).unwrap().is_none(),
+        "still exclusive after the move"
+    );
+    thread::sleep(Duration::from_millis(1000));
+    assert!(!guard.is_lost(), "the refresher follows the move too");
+    guard.release().unwrap();
+    assert_eq!(stored(&cluster, key), None);
+    assert!(two.try_lock(&[key]).unwrap().is_some());
+}
+
+#[test]
+fn unreachable_seeds_are_an_error_within_the_bounds() {
+    let started = Instant::now();
+    let closed = format!("redis://127.0.0.1:{}/", crate::server::free_port());
+    let result = Locker::builder()
+        .connect_timeout(Duration::from_millis(300))
+        .checkout_timeout(Duration::from_millis(600))
+        .build_cluster(&[closed]);
+    assert!(result.is_err());
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    let none: [&str; 0] = [];
+    assert!(matches!(
+        Locker::builder().build_cluster(&none),
+        Err(Error::InvalidInput(_))
+    ));
+}
