@@ -19,6 +19,11 @@ use redguard::{LockOptions, Locker};
 #[path = "../tests/it/server.rs"]
 mod server;
 
+#[allow(dead_code, unused_imports)] // its own tests are not built here
+#[path = "../tests/it/cluster_server.rs"]
+mod cluster_server;
+
+use cluster_server::RedisCluster;
 use server::RedisServer;
 
 const ROUNDS: usize = 3;
@@ -118,6 +123,8 @@ fn main() {
         Some(0.90),
     ));
 
+    let scaling = scaling_out(&locker, span);
+
     let contended = handoff(&locker, span, rtt);
     let parked = parked_handoff(&locker, 200, round_trip(&server, span));
     drop(locker); // W5 counts its own locker's refresher thread alone
@@ -147,9 +154,128 @@ fn main() {
         millis(setup),
         millis(first_lock)
     );
+    println!("{scaling}\n");
     println!("{contended}\n");
     println!("{parked}\n");
     println!("{refresher}");
+}
+
+/// Redlock on 3 and 5 private servers and a private 3-master cluster, against the
+/// single-server locker in alternating rounds: uncontended lock + release, 1 thread and
+/// THREADS threads on distinct keys. Also the CPU each cycle costs the whole machine (this
+/// process and every server it uses), and the rate that cost allows on this machine's
+/// cores: with all servers on one 2-core box, fanning out to N servers is bounded by CPU
+/// long before round trips.
+fn scaling_out(single: &Locker, span: Duration) -> String {
+    let servers: Vec<RedisServer> = (0..5).map(|_| RedisServer::start()).collect();
+    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    let pids: Vec<u32> = servers.iter().map(RedisServer::pid).collect();
+    let redlock = |n: usize| {
+        Locker::builder()
+            .pool_size(THREADS as u32 + 2)
+            .build_redlock(&urls[..n])
+            .expect("redlock locker")
+    };
+    let cluster = RedisCluster::start();
+    let on_cluster = Locker::builder()
+        .pool_size(THREADS as u32 + 2)
+        .build_cluster(&cluster.urls())
+        .expect("cluster locker");
+    let single_pids: Vec<u32> = SERVER_PID.get().copied().into_iter().collect();
+    let lockers = [
+        ("Redlock, 3 nodes", redlock(3), pids[..3].to_vec(), None),
+        ("Redlock, 5 nodes", redlock(5), pids.clone(), Some(0.80)),
+        ("Cluster, 3 masters", on_cluster, cluster.pids(), None),
+    ];
+    let cores = thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let mut out = String::from(
+        "### Scaling out: uncontended lock + release, as a ratio to one server (same run)\n\n\
+         CPU/cycle: of this process and every server it uses (all), of this process alone \
+         (client); ceiling: the rate at which the whole CPU cost fills all cores.\n\n\
+         | deployment | threads | cycles/s | p50 µs | p99 µs | CPU µs/cycle, all | \
+         CPU µs/cycle, client | ceiling/s | ratio to one server | target |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+    );
+    for threads in [1, THREADS] {
+        let keys = move |i: usize| vec![format!("s:{threads}:{i}")];
+        let mut base = Vec::new();
+        let mut each: Vec<Vec<(Stats, Cpu)>> = lockers.iter().map(|_| Vec::new()).collect();
+        for _ in 0..ROUNDS {
+            base.push(machine_cpu(&single_pids, || {
+                run(threads, span, |i| lock_cycle(single, keys(i)))
+            }));
+            for ((_, locker, pids, _), runs) in lockers.iter().zip(&mut each) {
+                runs.push(machine_cpu(pids, || {
+                    run(threads, span, |i| lock_cycle(locker, keys(i)))
+                }));
+            }
+        }
+        let (base, base_cpu) = median_of(base);
+        out += &scaling_row("one server", threads, &base, base_cpu, cores, None, None);
+        for ((name, _, _, target), runs) in lockers.iter().zip(each) {
+            let (stats, cpu) = median_of(runs);
+            out += &scaling_row(name, threads, &stats, cpu, cores, Some(&base), *target);
+        }
+    }
+    out
+}
+
+/// Runs `work`, and gives its stats with the CPU per cycle of this process and `pids`
+/// together, and of this process alone.
+fn machine_cpu(pids: &[u32], work: impl FnOnce() -> Stats) -> (Stats, Cpu) {
+    let servers = || -> Duration { pids.iter().map(|&pid| cpu_of(pid)).sum() };
+    let (servers_before, client_before) = (servers(), self_cpu());
+    let stats = work();
+    let cycles = (stats.rate * stats.span.as_secs_f64()).max(1.0);
+    let client = self_cpu().saturating_sub(client_before);
+    let all = client + servers().saturating_sub(servers_before);
+    let cpu = Cpu {
+        all_us: micros(all) / cycles,
+        client_us: micros(client) / cycles,
+    };
+    (stats, cpu)
+}
+
+/// CPU time per cycle, µs: of the whole machine (client and servers), of the client alone.
+#[derive(Clone, Copy)]
+struct Cpu {
+    all_us: f64,
+    client_us: f64,
+}
+
+fn self_cpu() -> Duration {
+    ticks(&std::fs::read_to_string("/proc/self/stat").unwrap_or_default())
+}
+
+fn median_of(mut runs: Vec<(Stats, Cpu)>) -> (Stats, Cpu) {
+    runs.sort_by(|a, b| a.0.rate.total_cmp(&b.0.rate));
+    runs.swap_remove(runs.len() / 2)
+}
+
+fn scaling_row(
+    name: &str,
+    threads: usize,
+    stats: &Stats,
+    cpu: Cpu,
+    cores: f64,
+    base: Option<&Stats>,
+    target: Option<f64>,
+) -> String {
+    let ratio = base.map(|b| stats.rate / b.rate);
+    let shown = ratio.map_or("1 (base)".to_string(), |r| format!("{r:.2}"));
+    let goal = match (ratio, target) {
+        (Some(r), Some(t)) => format!("≥ {t:.2}: {}", if r >= t { "met" } else { "MISSED" }),
+        _ => String::new(),
+    };
+    format!(
+        "| {name} | {threads} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {shown} | {goal} |\n",
+        stats.rate,
+        micros(stats.p50),
+        micros(stats.p99),
+        cpu.all_us,
+        cpu.client_us,
+        cores * 1e6 / cpu.all_us.max(1.0),
+    )
 }
 
 /// Runs `cycle` on `threads` threads for `span`; each thread's cycle gets its index.
@@ -442,6 +568,7 @@ fn round_trip(server: &RedisServer, span: Duration) -> Duration {
 
 struct Stats {
     rate: f64,
+    span: Duration,
     p50: Duration,
     p99: Duration,
     /// redis-server CPU per cycle, µs (10 ms resolution over the run).
@@ -459,6 +586,7 @@ impl Stats {
         };
         Stats {
             rate: samples.len() as f64 / span.as_secs_f64(),
+            span,
             server_us: 0.0,
             p50: at(0.5),
             p99: at(0.99),

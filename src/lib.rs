@@ -43,7 +43,11 @@
 //!   [`LockOptions::fencing`] and make the protected resource refuse tokens smaller than
 //!   the largest it has seen (the tokens rise only while Redis keeps its counters: see there).
 //! - One Redis server: if it loses data (restart without persistence, failover to a replica
-//!   that had not seen the write) a lock can be granted twice.
+//!   that had not seen the write) a lock can be granted twice. A quorum of independent
+//!   servers ([`LockerBuilder::build_redlock`]) survives a minority of them failing, under
+//!   timing assumptions, and gives no fencing tokens; a Redis Cluster
+//!   ([`LockerBuilder::build_cluster`]) spreads locks over masters, each slot with the
+//!   guarantees of one server. The README's "Scaling out" says what each one guarantees.
 //! - Expiry runs on the server's clock; this process counts the TTL from before it sent the
 //!   request, so it considers a lock lost no later than the server does (unless the same
 //!   fixed token re-obtains the keys with a shorter TTL: the old guard does not know).

@@ -332,11 +332,13 @@ impl LockerBuilder {
         self
     }
 
-    /// For [`build_redlock`](Self::build_redlock): the longest one request to every node
-    /// may take, connection checkout, send and reply together. A node that has not
-    /// answered by then counts as not having the lock, and is left out for a while (50 ms,
-    /// doubling up to 1 s while it keeps failing). Keep it far below the TTL: time spent
-    /// acquiring is taken off the lock's validity.
+    /// For [`build_redlock`](Self::build_redlock): how long one request to every node may
+    /// take, connection checkout and replies together (each node's connections also use it
+    /// as their read and write timeout, in place of [`io_timeout`](Self::io_timeout)). A
+    /// node that has not answered by then (give or take half of it) counts as not having
+    /// the lock, and is left out for a while (50 ms, doubling up to 1 s while it keeps
+    /// failing). Keep it far below the TTL: time spent acquiring is taken off the lock's
+    /// validity.
     ///
     /// Defaults to 250 ms.
     pub fn node_timeout(mut self, timeout: Duration) -> Self {
@@ -399,7 +401,12 @@ impl LockerBuilder {
                 )));
             }
             seen.push(node);
-            pools.push(Pool::build_lazy(client, self.pool_size, self.bounds));
+            // The node timeout is each connection's read and write timeout too.
+            let bounds = Bounds {
+                io: self.node_timeout,
+                ..self.bounds
+            };
+            pools.push(Pool::build_lazy(client, self.pool_size, bounds));
         }
         let quorum = Quorum::new(pools, self.node_timeout);
         quorum.ping()?;

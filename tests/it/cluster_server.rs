@@ -132,6 +132,12 @@ impl RedisCluster {
         self.ports.clone()
     }
 
+    /// The nodes' process ids (the benchmark reads their CPU time).
+    #[allow(dead_code)]
+    pub fn pids(&self) -> Vec<u32> {
+        self.nodes.iter().map(Child::id).collect()
+    }
+
     /// The hash slot of `key`, as Redis Cluster computes it: CRC16/XMODEM modulo 16384 of
     /// the hash tag (the part between the first `{` and the next `}`, when non-empty), so
     /// that keys sharing a tag land in one slot, else of the whole key.
