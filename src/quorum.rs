@@ -3,9 +3,9 @@
 //! Every request goes to all nodes at once: sent to each, then each reply read, so a
 //! request costs about one round trip whatever the number of nodes, and no thread is
 //! started per request. One deadline (the node timeout) bounds checkout and replies on
-//! every node together. A
-//! node that failed is left out for a while (50 ms, doubling up to 1 s), so that a dead
-//! node does not cost every lock a timeout.
+//! every node together. A node that failed is left out for a while (50 ms, doubling up to
+//! 1 s while it keeps failing), then tried again on probation (see [`Quorum::fan_out`]),
+//! so that a dead or frozen node does not cost every request a timeout.
 
 use std::time::{Duration, Instant};
 
@@ -182,39 +182,79 @@ impl Quorum {
 
     /// Sends `call` to every node not resting, then reads each reply: one answer per node,
     /// in node order, each an error when the node was left out, failed, or did not answer
-    /// by the deadline.
+    /// in time.
+    ///
+    /// A node back from a rest is on probation: its reply is read last, and waited for
+    /// only about as long as the others took (twice that, and 1 ms), unless the others
+    /// alone cannot make a majority. So a frozen node costs a request a millisecond or so
+    /// each time its rest ends, not the node timeout.
     fn fan_out(&self, call: &Call) -> Vec<Result<Value>> {
-        let deadline = Instant::now() + self.timeout;
+        let started = Instant::now();
+        let deadline = started + self.timeout;
         let packed = call.packed();
-        let sent: Vec<Result<Conn>> = self
+        let probation: Vec<bool> = self.nodes.iter().map(Node::on_probation).collect();
+        let mut sent: Vec<Option<Result<Conn>>> = self
             .nodes
             .iter()
-            .map(|node| node.send(&packed, deadline))
+            .zip(&probation)
+            .map(|(node, &probation)| Some(node.send(&packed, deadline, probation)))
             .collect();
-        sent.into_iter()
-            .zip(&self.nodes)
-            .map(|(con, node)| node.receive(&mut con?, call, deadline, self.timeout))
+        let mut replies: Vec<Option<Result<Value>>> = self.nodes.iter().map(|_| None).collect();
+        let mut read = |i: usize, by: Instant| {
+            if let Some(con) = sent[i].take() {
+                let node = &self.nodes[i];
+                replies[i] =
+                    Some(con.and_then(|mut con| node.receive(&mut con, call, by, self.timeout)));
+            }
+        };
+        let standing: Vec<usize> = (0..self.nodes.len()).filter(|&i| !probation[i]).collect();
+        for &i in &standing {
+            read(i, deadline);
+        }
+        let probe_by = if standing.len() >= self.majority() {
+            (started + started.elapsed() * 2 + Duration::from_millis(1)).min(deadline)
+        } else {
+            deadline
+        };
+        for i in (0..self.nodes.len()).filter(|&i| probation[i]) {
+            read(i, probe_by);
+        }
+        replies
+            .into_iter()
+            // Every node was read above: one pass for those in good standing, one for
+            // those on probation.
+            .map(|reply| reply.unwrap_or_else(|| Err(left_out())))
             .collect()
     }
 }
 
+/// The error of a node that was not asked.
+fn left_out() -> Error {
+    Error::Redis(RedisError::from((
+        ErrorKind::Io,
+        "node left out for a while after a failure",
+    )))
+}
+
 impl Node {
-    fn send(&self, packed: &[u8], deadline: Instant) -> Result<Conn> {
+    /// Sends `packed` on a pooled connection. On probation, only a connection the pool
+    /// has ready will do: making one to a frozen server would wait for the whole timeout
+    /// (the pool keeps trying in the background, and has one once the server answers).
+    fn send(&self, packed: &[u8], deadline: Instant, probation: bool) -> Result<Conn> {
         if self
             .rest
             .lock()
             .until
             .is_some_and(|until| Instant::now() < until)
         {
-            return Err(Error::Redis(RedisError::from((
-                ErrorKind::Io,
-                "node left out for a while after a failure",
-            ))));
+            return Err(left_out());
         }
-        let mut con = self
-            .pool
-            .get_within(left(deadline))
-            .inspect_err(|_| self.failed())?;
+        let con = if probation {
+            self.pool.try_get().ok_or_else(left_out)
+        } else {
+            self.pool.get_within(left(deadline))
+        };
+        let mut con = con.inspect_err(|_| self.failed())?;
         // Bounded by the connection's own write timeout (the node timeout).
         con.run(|con| con.send_packed_command(packed))
             .inspect_err(|_| self.failed())?;
@@ -255,6 +295,11 @@ impl Node {
             _ => self.answered(),
         }
         Ok(reply?)
+    }
+
+    /// Back from a rest, and not yet shown to answer again.
+    fn on_probation(&self) -> bool {
+        self.rest.lock().until.is_some()
     }
 
     fn failed(&self) {
