@@ -3,7 +3,7 @@
 //! differs.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::cluster::ClusterPool;
 use crate::fence::fence_key;
@@ -13,6 +13,18 @@ use crate::quorum::{self, Quorum};
 use crate::scripts::{self, Acquired, Attempt, Refresh};
 use crate::slot::{by_slot, slot};
 use crate::{Error, LockOptions, Result};
+
+/// What a refresh found of one lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Refreshed {
+    /// Held, with its TTL set again by requests sent no earlier than `sent_at`.
+    Held { sent_at: Instant },
+    /// No longer held (nothing was changed).
+    Lost,
+    /// Not known: part of it could not be asked (on a cluster, one master failing does
+    /// not stop the others).
+    Unknown,
+}
 
 #[derive(Clone)]
 pub(crate) enum Backend {
@@ -41,10 +53,18 @@ impl Backend {
                  quorum of servers cannot give one rising sequence"
                     .into(),
             )),
-            Backend::Quorum(_) if ttl_ms <= quorum::drift_ms(ttl_ms) => Err(Error::InvalidInput(
-                format!("ttl of {ttl_ms} ms is within the clock drift allowance of a quorum lock"),
-            )),
-            Backend::Quorum(_) => Ok(()),
+            Backend::Quorum(quorum) => {
+                let attempt = quorum.longest_attempt().as_millis();
+                let needed = attempt + u128::from(quorum::drift_ms(ttl_ms));
+                if u128::from(ttl_ms) <= needed {
+                    return Err(Error::InvalidInput(format!(
+                        "ttl of {ttl_ms} ms leaves no time to hold a quorum lock after the \
+                         longest attempt ({attempt} ms, 1.5 node timeouts) and the clock \
+                         drift allowance: use a longer ttl or a shorter node_timeout"
+                    )));
+                }
+                Ok(())
+            }
             Backend::Cluster(..) => slots_allow(keys, names.unwrap_or(keys), prefix, options),
         }
     }
@@ -59,12 +79,22 @@ impl Backend {
         }
     }
 
-    /// Refreshes a batch; one `bool` per lock, `false` when no longer held.
-    pub(crate) fn refresh(&self, locks: &[Refresh<'_>]) -> Result<Vec<bool>> {
+    /// Refreshes a batch: what was found of each lock. An error when nothing could be
+    /// asked at all.
+    pub(crate) fn refresh(&self, locks: &[Refresh<'_>]) -> Result<Vec<Refreshed>> {
+        let sent_at = Instant::now();
+        let known = |held: Vec<bool>| {
+            held.into_iter()
+                .map(|held| match held {
+                    true => Refreshed::Held { sent_at },
+                    false => Refreshed::Lost,
+                })
+                .collect()
+        };
         match self {
             // Safe to repeat: setting the same TTL twice is the same as once.
-            Backend::Single(pool) => pool.run(|con| scripts::refresh(con, locks)),
-            Backend::Quorum(quorum) => quorum.refresh(locks),
+            Backend::Single(pool) => pool.run(|con| scripts::refresh(con, locks)).map(known),
+            Backend::Quorum(quorum) => quorum.refresh(locks).map(known),
             Backend::Cluster(cluster, _) => cluster.refresh(locks),
         }
     }
@@ -102,7 +132,9 @@ impl Backend {
     pub(crate) fn listen_pools(&self) -> Vec<Pool> {
         match self {
             Backend::Single(pool) => vec![pool.clone()],
-            Backend::Quorum(quorum) => quorum.pools(),
+            // Last node first: requests go out in node order, so by the time the last node
+            // announces a release the others have most likely run it too.
+            Backend::Quorum(quorum) => quorum.pools().into_iter().rev().collect(),
             Backend::Cluster(_, seeds) => seeds.clone(),
         }
     }

@@ -8,12 +8,13 @@
 //! elsewhere: all-or-nothing in effect, but not atomic.
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::cluster::{ClusterClient, ClusterConnection};
 use redis::{ConnectionLike, ErrorKind, RedisError, RedisResult};
 
 use crate::Result;
+use crate::backend::Refreshed;
 use crate::pool::Bounds;
 use crate::scripts::{self, Acquired, Attempt, Refresh};
 use crate::slot::by_slot;
@@ -96,8 +97,9 @@ impl ClusterPool {
                     fences.extend(keys.iter().zip(part_fences));
                 }
                 failed => {
-                    // Best effort: what cannot be taken back expires with its TTL.
-                    for (_, keys) in &groups[..i] {
+                    // Best effort: what cannot be taken back expires with its TTL. The
+                    // failed slot too: its reply may have been lost after it was taken.
+                    for (_, keys) in &groups[..=i] {
                         let _ = self.run(|con| scripts::release(con, keys, attempt.value, ""));
                     }
                     return failed;
@@ -116,16 +118,21 @@ impl ClusterPool {
         Ok(Acquired::Yes { fences })
     }
 
-    /// Refreshes a batch with one script call per slot its locks use; a lock is held when
-    /// every part of it was.
-    pub(crate) fn refresh(&self, locks: &[Refresh<'_>]) -> Result<Vec<bool>> {
+    /// Refreshes a batch with one script call per slot its locks use, one slot after
+    /// another; a lock is held when every part of it was, since its earliest part was
+    /// sent. A slot whose master fails makes its locks unknown without stopping the
+    /// others; an error only when no slot could be asked at all.
+    pub(crate) fn refresh(&self, locks: &[Refresh<'_>]) -> Result<Vec<Refreshed>> {
         let mut parts: BTreeMap<u16, Vec<(usize, Vec<String>)>> = BTreeMap::new();
         for (i, lock) in locks.iter().enumerate() {
             for (slot, keys) in by_slot(lock.keys) {
                 parts.entry(slot).or_default().push((i, keys));
             }
         }
-        let mut held = vec![true; locks.len()];
+        // Per lock: `None` until a part is answered.
+        let mut found: Vec<Option<Refreshed>> = vec![None; locks.len()];
+        let mut failure = None;
+        let mut answered = parts.is_empty();
         for part in parts.values() {
             let batch: Vec<Refresh<'_>> = part
                 .iter()
@@ -135,13 +142,36 @@ impl ClusterPool {
                     ttl_ms: locks[*i].ttl_ms,
                 })
                 .collect();
+            let sent_at = Instant::now();
             // Safe to repeat: setting the same TTL twice is the same as once.
-            let refreshed = self.run(|con| scripts::refresh(con, &batch))?;
-            for ((i, _), still) in part.iter().zip(refreshed) {
-                held[*i] &= still;
+            let refreshed = self.run(|con| scripts::refresh(con, &batch));
+            answered |= refreshed.is_ok();
+            for (n, (i, _)) in part.iter().enumerate() {
+                let this = match &refreshed {
+                    Ok(held) if held.get(n) == Some(&true) => Refreshed::Held { sent_at },
+                    Ok(_) => Refreshed::Lost,
+                    Err(_) => Refreshed::Unknown,
+                };
+                found[*i] = Some(match (found[*i], this) {
+                    (None, this) => this,
+                    // Lost if any part is, else unknown if any part is; else held since
+                    // its earliest part was sent (parts go out in order).
+                    (Some(Refreshed::Lost), _) | (_, Refreshed::Lost) => Refreshed::Lost,
+                    (Some(Refreshed::Unknown), _) | (_, Refreshed::Unknown) => Refreshed::Unknown,
+                    (Some(earlier), Refreshed::Held { .. }) => earlier,
+                });
+            }
+            if let Err(e) = refreshed {
+                failure = Some(e);
             }
         }
-        Ok(held)
+        match failure {
+            Some(e) if !answered => Err(e),
+            _ => Ok(found
+                .into_iter()
+                .map(|found| found.unwrap_or(Refreshed::Unknown))
+                .collect()),
+        }
     }
 
     /// Releases every slot's part; `false` when some part was no longer held.

@@ -1,7 +1,8 @@
 use std::fmt;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use crate::backend::Refreshed;
 use crate::held::Held;
 use crate::locker::Shared;
 use crate::options::checked_ttl;
@@ -109,12 +110,14 @@ impl LockGuard {
             value: &self.held.value,
             ttl_ms,
         };
-        let sent_at = Instant::now();
-        let held = self.shared.backend.refresh(std::slice::from_ref(&lock))?;
-        if held != [true] {
-            self.held.mark_lost();
-            return Err(Error::LockLost);
-        }
+        let sent_at = match self.shared.backend.refresh(std::slice::from_ref(&lock))?[..] {
+            [Refreshed::Held { sent_at }] => sent_at,
+            [Refreshed::Unknown] => return Err(Error::Redis(partly_unknown())),
+            _ => {
+                self.held.mark_lost();
+                return Err(Error::LockLost);
+            }
+        };
         self.held.refreshed(sent_at, ttl_ms);
         if self.auto_refresh {
             self.shared.refresher.rescheduled(self.held.id);
@@ -159,6 +162,14 @@ impl LockGuard {
             .backend
             .release(&self.held.keys, &self.held.value, channels)
     }
+}
+
+/// On a cluster, a lock across slots some of whose masters could not be asked.
+fn partly_unknown() -> redis::RedisError {
+    redis::RedisError::from((
+        redis::ErrorKind::Io,
+        "some of the lock's hash slots could not be refreshed",
+    ))
 }
 
 impl Drop for LockGuard {

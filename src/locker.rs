@@ -17,8 +17,12 @@ use crate::subscriber::{Seen, Subscriber, Ticket};
 use crate::token::random_token;
 use crate::{Error, LockGuard, LockOptions, Result, Retry};
 
-/// The shortest wait after a split quorum vote (see [`Acquired::Split`]).
-const SPLIT_PAUSE: Duration = Duration::from_millis(1);
+/// On a quorum, a release heard from one node may not have reached the others yet: an
+/// attempt right after it that finds only some nodes free ([`Acquired::Partial`]) is
+/// tried again after this (and up to four times this, at random), up to
+/// [`QUICK_RETRIES`] times per wake-up, without using up a retry.
+const QUICK_PAUSE: Duration = Duration::from_millis(1);
+const QUICK_RETRIES: u32 = 3;
 
 /// Takes locks on Redis keys. A cheap `Clone` (an `Arc` inside), `Send + Sync`.
 ///
@@ -141,6 +145,8 @@ impl Locker {
         // The end of the current retry delay: a wake-up before it gives an attempt, not a
         // retry, so `limit` and the backoff keep counting delays served.
         let mut wake_at: Option<Instant> = None;
+        // Quick attempts left since a release was last heard.
+        let mut quick = 0;
 
         loop {
             // What a waiter has seen of the keys, noted before the attempt: a release heard
@@ -153,7 +159,7 @@ impl Locker {
                 }
             };
             let sent_at = Instant::now();
-            let mut split = false;
+            let mut partial = false;
             let outcome = {
                 // A plain SET first only where the key is likely free: on a first attempt,
                 // and not while threads of ours wait for it.
@@ -184,7 +190,7 @@ impl Locker {
                     return Err(Error::WrongType { key, kind });
                 }
                 Acquired::HeldElsewhere => {}
-                Acquired::Split => split = true,
+                Acquired::Partial => partial = true,
             }
             let now = Instant::now();
             let mut until = match wake_at {
@@ -202,15 +208,17 @@ impl Locker {
                 until = until.min(deadline);
             }
             wake_at = Some(until);
-            if split {
-                // Some nodes were free: a release may still be reaching the others, or
-                // another owner is after the same keys. Try again within a few ms, at a
-                // random moment so as not to collide again; no retry is used up.
-                until = until.min(now + SPLIT_PAUSE + delays.jitter(SPLIT_PAUSE * 4));
+            if partial && quick > 0 {
+                quick -= 1;
+                // At a random moment, so that the woken waiters do not collide again.
+                until = until.min(now + QUICK_PAUSE + delays.jitter(QUICK_PAUSE * 4));
             }
-            ticket
+            let released = ticket
                 .get_or_insert_with(|| subscriber.wait_for(&keys, before))
                 .wait_until(until);
+            if released {
+                quick = QUICK_RETRIES;
+            }
         }
     }
 }
@@ -466,9 +474,10 @@ impl LockerBuilder {
         let builder = ClusterClient::builder(seeds)
             .connection_timeout(self.bounds.connect)
             .response_timeout(self.bounds.io)
-            // A few redirections or TRYAGAINs (a slot moving), waiting briefly: the
-            // defaults would retry 16 times for up to minutes.
-            .retries(3)
+            // One redirection (MOVED or ASK, a slot moving) or reconnect: each retry may
+            // cost an I/O timeout on a frozen master, and the defaults would retry 16 times
+            // for up to minutes.
+            .retries(1)
             .min_retry_wait(10)
             .max_retry_wait(checkout_ms);
         #[cfg(feature = "tls")]

@@ -2,10 +2,10 @@
 //!
 //! Every request goes to all nodes at once: sent to each, then each reply read, so a
 //! request costs about one round trip whatever the number of nodes, and no thread is
-//! started per request. One deadline (the node timeout) bounds checkout and replies on
-//! every node together. A node that failed is left out for a while (50 ms, doubling up to
-//! 1 s while it keeps failing), then tried again on probation (see [`Quorum::fan_out`]),
-//! so that a dead or frozen node does not cost every request a timeout.
+//! started per request. One deadline (the node timeout) bounds the replies of all nodes
+//! together. A node that failed is left out for a while (50 ms, doubling up to 1 s while it
+//! keeps failing), then tried again on probation (see [`Quorum::fan_out`]), so that a dead
+//! or frozen node does not cost every request a timeout.
 
 use std::time::{Duration, Instant};
 
@@ -18,19 +18,22 @@ use crate::{Error, Result};
 
 pub(crate) struct Quorum {
     nodes: Vec<Node>,
-    /// The longest one request to every node may take: checkout, send and reply.
+    /// The longest the replies to one request may take, all nodes together.
     timeout: Duration,
 }
 
 struct Node {
     pool: Pool,
-    rest: Mutex<Rest>,
+    health: Mutex<Health>,
 }
 
-/// Left out after failures: until when, and for how long next time.
-struct Rest {
-    until: Option<Instant>,
-    next: Duration,
+/// How a node has been doing.
+struct Health {
+    /// Left out until then after a failure; `Some` (even once passed) until it answers.
+    rest_until: Option<Instant>,
+    next_rest: Duration,
+    /// How long its last reply took, from the start of its request.
+    reply_time: Option<Duration>,
 }
 
 const FIRST_REST: Duration = Duration::from_millis(50);
@@ -42,15 +45,50 @@ pub(crate) fn drift_ms(ttl_ms: u64) -> u64 {
     ttl_ms / 100 + 2
 }
 
+/// What the nodes answered to one acquisition attempt.
+#[derive(Debug, Default)]
+struct Tally {
+    /// Nodes that took every key for us.
+    taken: usize,
+    /// Nodes where another owner holds a key.
+    elsewhere: usize,
+    /// A node's report of a key of another Redis type.
+    wrong_type: Option<Acquired>,
+}
+
+/// The outcome of an attempt: held when a majority took it in time.
+fn decide(tally: Tally, majority: usize, in_time: bool) -> Result<Acquired> {
+    let Tally {
+        taken,
+        elsewhere,
+        wrong_type,
+    } = tally;
+    if taken >= majority && in_time {
+        return Ok(Acquired::Yes { fences: Vec::new() });
+    }
+    if let Some(wrong) = wrong_type {
+        return Ok(wrong);
+    }
+    if taken + elsewhere < majority {
+        // Too few nodes answered: waiting would not help until they are back.
+        return Err(Error::NotObtained);
+    }
+    Ok(match taken {
+        0 => Acquired::HeldElsewhere,
+        _ => Acquired::Partial,
+    })
+}
+
 impl Quorum {
     pub(crate) fn new(pools: Vec<Pool>, timeout: Duration) -> Quorum {
         let nodes = pools
             .into_iter()
             .map(|pool| Node {
                 pool,
-                rest: Mutex::new(Rest {
-                    until: None,
-                    next: FIRST_REST,
+                health: Mutex::new(Health {
+                    rest_until: None,
+                    next_rest: FIRST_REST,
+                    reply_time: None,
                 }),
             })
             .collect();
@@ -62,12 +100,18 @@ impl Quorum {
         self.nodes.len() / 2 + 1
     }
 
-    /// Every node's pool, in the order given (the subscriber listens on one of them).
+    /// Every node's pool, in the order requests are sent.
     pub(crate) fn pools(&self) -> Vec<Pool> {
         self.nodes.iter().map(|node| node.pool.clone()).collect()
     }
 
-    /// `Ok` when a majority of the nodes answer a PING; else the first failure.
+    /// The longest an acquisition may take, reply wait and a slow node's retry included
+    /// (see [`Node::receive`]); a TTL must leave room for it.
+    pub(crate) fn longest_attempt(&self) -> Duration {
+        self.timeout * 3 / 2
+    }
+
+    /// `Ok` when a majority of the nodes answer a PING; else one of the failures.
     pub(crate) fn ping(&self) -> Result<()> {
         let ping = Call::command(redis::cmd("PING"));
         let (_, failure) = self.answers(&ping, Ok);
@@ -76,41 +120,45 @@ impl Quorum {
 
     /// Takes the lock on every node that can; held when a majority took it with time to
     /// spare (what is left of the TTL after the attempt and the clock drift allowance).
-    /// Otherwise whatever was taken is taken back (without waking anyone).
+    /// Otherwise whatever was taken is taken back, without waking anyone. A node whose
+    /// reply did not come in time is sent the take-back on the same connection, so that
+    /// it runs after the acquire should the node wake up.
     ///
     /// # Errors
-    /// [`Error::NotObtained`] when fewer than a majority of the nodes answered: waiting
-    /// would not help until they are back.
+    /// [`Error::NotObtained`] when fewer than a majority of the nodes answered.
     pub(crate) fn acquire(&self, attempt: &Attempt<'_>) -> Result<Acquired> {
         let started = Instant::now();
-        let (outcomes, failure) = self.answers(&scripts::acquire_call(attempt), |reply| {
-            Ok(scripts::parse_acquired(reply)?)
-        });
-        let taken = outcomes
-            .iter()
-            .filter(|outcome| matches!(outcome, Acquired::Yes { .. }))
-            .count();
+        let take_back = scripts::release_call(attempt.keys, attempt.value, "");
+        let replies = self.fan_out(
+            &scripts::acquire_call(attempt),
+            None,
+            Some(&take_back.packed()),
+        );
+        let mut tally = Tally::default();
+        let mut taken = vec![false; self.nodes.len()];
+        for (i, reply) in replies.into_iter().enumerate() {
+            match reply.and_then(|reply| Ok(scripts::parse_acquired(reply)?)) {
+                Ok(Acquired::Yes { .. }) => {
+                    tally.taken += 1;
+                    taken[i] = true;
+                }
+                Ok(wrong @ Acquired::WrongType { .. }) => {
+                    tally.elsewhere += 1;
+                    tally.wrong_type = Some(wrong);
+                }
+                Ok(_) => tally.elsewhere += 1,
+                Err(_) => {}
+            }
+        }
         let ttl = Duration::from_millis(attempt.ttl_ms);
         let margin = Duration::from_millis(drift_ms(attempt.ttl_ms));
         let in_time = started.elapsed() + margin < ttl;
-        if taken >= self.majority() && in_time {
-            return Ok(Acquired::Yes { fences: Vec::new() });
-        }
-        if taken > 0 {
+        let outcome = decide(tally, self.majority(), in_time);
+        if !matches!(outcome, Ok(Acquired::Yes { .. })) && taken.contains(&true) {
             // Best effort: what is not taken back expires with its TTL.
-            let _ = self.release(attempt.keys, attempt.value, "");
+            let _ = self.fan_out(&take_back, Some(&taken), None);
         }
-        if let Some(wrong) = outcomes
-            .into_iter()
-            .find(|outcome| matches!(outcome, Acquired::WrongType { .. }))
-        {
-            return Ok(wrong);
-        }
-        match failure {
-            Some(_) => Err(Error::NotObtained),
-            None if taken > 0 => Ok(Acquired::Split),
-            None => Ok(Acquired::HeldElsewhere),
-        }
+        outcome
     }
 
     /// Refreshes a batch on every node; a lock stays held when a majority refreshed it.
@@ -135,10 +183,9 @@ impl Quorum {
 
     /// Releases on every node; `true` when a majority still held the lock.
     pub(crate) fn release(&self, keys: &[String], value: &str, channels: &str) -> Result<bool> {
-        let (answers, failure) = self
-            .answers(&scripts::release_call(keys, value, channels), |reply| {
-                Ok(scripts::parse_released(reply)?)
-            });
+        let release = scripts::release_call(keys, value, channels);
+        let (answers, failure) =
+            self.answers(&release, |reply| Ok(scripts::parse_released(reply)?));
         match failure {
             Some(failure) => Err(failure),
             None => Ok(answers.into_iter().filter(|&held| held).count() >= self.majority()),
@@ -168,7 +215,7 @@ impl Quorum {
     ) -> (Vec<T>, Option<Error>) {
         let mut answers = Vec::with_capacity(self.nodes.len());
         let mut failure = None;
-        for reply in self.fan_out(call) {
+        for reply in self.fan_out(call, None, None) {
             match reply.and_then(&parse) {
                 Ok(answer) => answers.push(answer),
                 Err(e) => failure = Some(e),
@@ -180,96 +227,142 @@ impl Quorum {
         (answers, failure)
     }
 
-    /// Sends `call` to every node not resting, then reads each reply: one answer per node,
-    /// in node order, each an error when the node was left out, failed, or did not answer
-    /// in time.
+    /// Sends `call` to every node not resting (or, with `only`, to those marked), then
+    /// reads each reply: one answer per node, in node order, each an error when the node
+    /// was not asked, failed, or did not answer in time. `undo` is written after `call` on
+    /// the connection of a node whose reply did not come in time.
     ///
-    /// A node back from a rest is on probation: its reply is read last, and waited for
-    /// only about as long as the others took (twice that, and 1 ms), unless the others
-    /// alone cannot make a majority. So a frozen node costs a request a millisecond or so
-    /// each time its rest ends, not the node timeout.
-    fn fan_out(&self, call: &Call) -> Vec<Result<Value>> {
+    /// Sending first uses only connections the pools have ready, and then waits for one
+    /// where a node in good standing has none, so a busy pool does not hold up the others.
+    /// A node back from a rest is on probation: its reply is read last and waited for only
+    /// about as long as the others took, or as it took itself last time it answered
+    /// (twice that, and 1 ms), unless the others alone cannot make a majority. So a frozen
+    /// node costs a request a millisecond or so each time its rest ends, not the timeout.
+    fn fan_out(
+        &self,
+        call: &Call,
+        only: Option<&[bool]>,
+        undo: Option<&[u8]>,
+    ) -> Vec<Result<Value>> {
         let started = Instant::now();
         let deadline = started + self.timeout;
         let packed = call.packed();
+        let count = self.nodes.len();
+        let asked = |i: usize| only.is_none_or(|only| only.get(i) == Some(&true));
         let probation: Vec<bool> = self.nodes.iter().map(Node::on_probation).collect();
-        let mut sent: Vec<Option<Result<Conn>>> = self
-            .nodes
-            .iter()
-            .zip(&probation)
-            .map(|(node, &probation)| Some(node.send(&packed, deadline, probation)))
+        let mut sent: Vec<Option<std::result::Result<Conn, Wait>>> = (0..count)
+            .map(|i| asked(i).then(|| self.nodes[i].send_ready(&packed)))
             .collect();
-        let mut replies: Vec<Option<Result<Value>>> = self.nodes.iter().map(|_| None).collect();
+        for i in 0..count {
+            if let Some(Err(Wait::ForConnection)) = &sent[i]
+                && !probation[i]
+            {
+                sent[i] = Some(self.nodes[i].send_waiting(&packed, deadline));
+            }
+        }
+        let mut replies: Vec<Result<Value>> = (0..count).map(|_| Err(not_asked())).collect();
         let mut read = |i: usize, by: Instant| {
             if let Some(con) = sent[i].take() {
                 let node = &self.nodes[i];
-                replies[i] =
-                    Some(con.and_then(|mut con| node.receive(&mut con, call, by, self.timeout)));
+                replies[i] = con.map_err(Wait::into_error).and_then(|mut con| {
+                    node.receive(&mut con, call, undo, started, by, self.timeout)
+                });
             }
         };
-        let standing: Vec<usize> = (0..self.nodes.len()).filter(|&i| !probation[i]).collect();
+        let standing: Vec<usize> = (0..count).filter(|&i| !probation[i]).collect();
         for &i in &standing {
             read(i, deadline);
         }
-        let probe_by = if standing.len() >= self.majority() {
-            (started + started.elapsed() * 2 + Duration::from_millis(1)).min(deadline)
-        } else {
-            deadline
-        };
-        for i in (0..self.nodes.len()).filter(|&i| probation[i]) {
-            read(i, probe_by);
+        let others_took = started.elapsed();
+        for i in (0..count).filter(|&i| probation[i]) {
+            let by = if standing.len() >= self.majority() {
+                let own = self.nodes[i]
+                    .health
+                    .lock()
+                    .reply_time
+                    .unwrap_or(self.timeout);
+                (started + 2 * others_took.max(own) + Duration::from_millis(1)).min(deadline)
+            } else {
+                deadline
+            };
+            read(i, by);
         }
         replies
-            .into_iter()
-            // Every node was read above: one pass for those in good standing, one for
-            // those on probation.
-            .map(|reply| reply.unwrap_or_else(|| Err(left_out())))
-            .collect()
+    }
+}
+
+/// Why a request was not sent to a node (yet).
+enum Wait {
+    /// No connection was ready: worth waiting for one.
+    ForConnection,
+    Failed(Error),
+}
+
+impl Wait {
+    fn into_error(self) -> Error {
+        match self {
+            Wait::ForConnection => not_asked(),
+            Wait::Failed(e) => e,
+        }
     }
 }
 
 /// The error of a node that was not asked.
-fn left_out() -> Error {
+fn not_asked() -> Error {
     Error::Redis(RedisError::from((
         ErrorKind::Io,
-        "node left out for a while after a failure",
+        "node not asked: left out for a while after a failure, or no connection ready",
     )))
 }
 
 impl Node {
-    /// Sends `packed` on a pooled connection. On probation, only a connection the pool
-    /// has ready will do: making one to a frozen server would wait for the whole timeout
-    /// (the pool keeps trying in the background, and has one once the server answers).
-    fn send(&self, packed: &[u8], deadline: Instant, probation: bool) -> Result<Conn> {
+    /// Sends `packed` on a connection the pool has ready, unless the node is resting.
+    fn send_ready(&self, packed: &[u8]) -> std::result::Result<Conn, Wait> {
         if self
-            .rest
+            .health
             .lock()
-            .until
+            .rest_until
             .is_some_and(|until| Instant::now() < until)
         {
-            return Err(left_out());
+            return Err(Wait::Failed(not_asked()));
         }
-        let con = if probation {
-            self.pool.try_get().ok_or_else(left_out)
-        } else {
-            self.pool.get_within(left(deadline))
-        };
-        let mut con = con.inspect_err(|_| self.failed())?;
-        // Bounded by the connection's own write timeout (the node timeout).
-        con.run(|con| con.send_packed_command(packed))
-            .inspect_err(|_| self.failed())?;
+        let mut con = self.pool.try_get().ok_or(Wait::ForConnection)?;
+        self.write(&mut con, packed).map_err(Wait::Failed)?;
         Ok(con)
     }
 
-    /// Reads the reply to what [`send`](Self::send) sent. Connections keep the node timeout
-    /// as their read timeout; only when less than half of it is left before `deadline`
-    /// (an earlier node was slow) is the read bounded more tightly, to what is left, and
-    /// then the timeout put back: so the usual reply costs no extra system call, and the
-    /// whole fan-out ends within one and a half node timeouts.
+    /// Waits for a connection until `deadline`, then sends `packed` on it. Not for a node
+    /// on probation: making a connection to a frozen server would take the whole wait (the
+    /// pool keeps trying in the background, and has one ready once the server answers).
+    fn send_waiting(&self, packed: &[u8], deadline: Instant) -> std::result::Result<Conn, Wait> {
+        let mut con = self
+            .pool
+            .get_within(left(deadline))
+            .inspect_err(|_| self.failed())
+            .map_err(Wait::Failed)?;
+        self.write(&mut con, packed).map_err(Wait::Failed)?;
+        Ok(con)
+    }
+
+    /// Writes a request; bounded by the connection's write timeout (the node timeout).
+    fn write(&self, con: &mut Conn, packed: &[u8]) -> Result<()> {
+        con.run(|con| con.send_packed_command(packed))
+            .inspect_err(|_| self.failed())?;
+        Ok(())
+    }
+
+    /// Reads the reply to what was sent at `started`, by `deadline`. Connections keep the
+    /// node timeout as their read timeout; only when less than half of it is left (an
+    /// earlier node was slow, or this one is on probation) is the read bounded more
+    /// tightly, and the timeout then put back: so the usual reply costs no extra system
+    /// call, and a fan-out ends within one and a half node timeouts (plus, on a node that
+    /// answers NOSCRIPT after a restart, one more round trip to load the script).
     fn receive(
         &self,
         con: &mut Conn,
         call: &Call,
+        undo: Option<&[u8]>,
+        started: Instant,
         deadline: Instant,
         timeout: Duration,
     ) -> Result<Value> {
@@ -286,34 +379,39 @@ impl Node {
             reply
         });
         let reply = match reply {
-            // Rare (after a restart or SCRIPT FLUSH): one more round trip to this node.
             Err(e) if scripts::is_noscript(&e) => con.run(|con| call.reload_and_run(con)),
             reply => reply,
         };
         match &reply {
-            Err(e) if !matches!(e.kind(), ErrorKind::Server(_)) => self.failed(),
-            _ => self.answered(),
+            Err(e) if !matches!(e.kind(), ErrorKind::Server(_)) => {
+                if let Some(undo) = undo {
+                    // The connection is thrown away after this; the server runs what it
+                    // has received, in order, should it wake up.
+                    let _ = con.run(|con| con.send_packed_command(undo));
+                }
+                self.failed();
+            }
+            _ => self.answered(started.elapsed()),
         }
         Ok(reply?)
     }
 
     /// Back from a rest, and not yet shown to answer again.
     fn on_probation(&self) -> bool {
-        self.rest.lock().until.is_some()
+        self.health.lock().rest_until.is_some()
     }
 
     fn failed(&self) {
-        let mut rest = self.rest.lock();
-        rest.until = Some(Instant::now() + rest.next);
-        rest.next = (rest.next * 2).min(LONGEST_REST);
+        let mut health = self.health.lock();
+        health.rest_until = Some(Instant::now() + health.next_rest);
+        health.next_rest = (health.next_rest * 2).min(LONGEST_REST);
     }
 
-    fn answered(&self) {
-        let mut rest = self.rest.lock();
-        if rest.until.is_some() {
-            rest.until = None;
-            rest.next = FIRST_REST;
-        }
+    fn answered(&self, took: Duration) {
+        let mut health = self.health.lock();
+        health.rest_until = None;
+        health.next_rest = FIRST_REST;
+        health.reply_time = Some(took);
     }
 }
 
@@ -322,4 +420,64 @@ fn left(deadline: Instant) -> Duration {
     deadline
         .saturating_duration_since(Instant::now())
         .max(Duration::from_millis(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outcome(taken: usize, elsewhere: usize, in_time: bool) -> String {
+        let tally = Tally {
+            taken,
+            elsewhere,
+            wrong_type: None,
+        };
+        format!("{:?}", decide(tally, 3, in_time))
+    }
+
+    #[test]
+    fn a_majority_in_time_holds_the_lock() {
+        assert_eq!(outcome(3, 2, true), "Ok(Yes { fences: [] })");
+        assert_eq!(
+            outcome(3, 0, true),
+            "Ok(Yes { fences: [] })",
+            "two nodes silent"
+        );
+    }
+
+    #[test]
+    fn a_majority_out_of_time_is_not_held() {
+        assert_eq!(outcome(5, 0, false), "Ok(Partial)");
+    }
+
+    #[test]
+    fn too_few_answers_is_not_obtained_at_once() {
+        assert_eq!(outcome(2, 0, true), "Err(NotObtained)");
+        assert_eq!(outcome(0, 2, true), "Err(NotObtained)");
+    }
+
+    #[test]
+    fn some_nodes_free_is_partial_none_is_held_elsewhere() {
+        assert_eq!(outcome(2, 3, true), "Ok(Partial)");
+        assert_eq!(outcome(1, 4, true), "Ok(Partial)");
+        assert_eq!(outcome(0, 5, true), "Ok(HeldElsewhere)");
+    }
+
+    #[test]
+    fn a_key_of_another_type_is_reported_unless_a_majority_took_the_lock() {
+        let wrong = || Tally {
+            taken: 1,
+            elsewhere: 3,
+            wrong_type: Some(Acquired::WrongType {
+                key: "k".into(),
+                kind: "list".into(),
+            }),
+        };
+        assert!(format!("{:?}", decide(wrong(), 3, true)).contains("WrongType"));
+        let held = Tally {
+            taken: 3,
+            ..wrong()
+        };
+        assert!(matches!(decide(held, 3, true), Ok(Acquired::Yes { .. })));
+    }
 }

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::backend::Backend;
+use crate::backend::{Backend, Refreshed};
 use crate::held::Held;
 use crate::scripts::Refresh;
 
@@ -231,30 +231,31 @@ fn refresh(state: &State, backend: &Backend, batch: &[Arc<Held>]) {
             ttl_ms,
         })
         .collect();
-    let sent_at = Instant::now();
     let result = backend.refresh(&locks);
 
     let mut schedule = state.schedule.lock();
-    match result {
-        Ok(refreshed) => {
-            for ((held, &ttl), still_held) in batch.iter().zip(&ttls).zip(refreshed) {
-                if still_held {
-                    held.refreshed(sent_at, ttl);
-                    if let Some(entry) = schedule.entries.get_mut(&held.id) {
-                        entry.succeeded();
-                    }
-                } else {
-                    held.mark_lost();
-                    schedule.entries.remove(&held.id);
+    let outcomes = match result {
+        Ok(outcomes) => outcomes,
+        Err(_) => vec![Refreshed::Unknown; batch.len()],
+    };
+    let now = Instant::now();
+    for ((held, &ttl), outcome) in batch.iter().zip(&ttls).zip(outcomes) {
+        match outcome {
+            Refreshed::Held { sent_at } => {
+                held.refreshed(sent_at, ttl);
+                if let Some(entry) = schedule.entries.get_mut(&held.id) {
+                    entry.succeeded();
                 }
             }
-        }
-        Err(_) => {
-            let now = Instant::now();
-            for held in batch {
-                if held.is_lost() {
-                    schedule.entries.remove(&held.id);
-                } else if let Some(entry) = schedule.entries.get_mut(&held.id) {
+            Refreshed::Lost => {
+                held.mark_lost();
+                schedule.entries.remove(&held.id);
+            }
+            Refreshed::Unknown if held.is_lost() => {
+                schedule.entries.remove(&held.id);
+            }
+            Refreshed::Unknown => {
+                if let Some(entry) = schedule.entries.get_mut(&held.id) {
                     entry.failed(now);
                 }
             }

@@ -1,39 +1,49 @@
 //! The four Lua scripts in `lua/`, and typed calls to them.
 //!
-//! Each call is one round trip: EVALSHA, with SCRIPT LOAD and a second try when the
-//! server answers NOSCRIPT (after a restart or SCRIPT FLUSH). Each call is also available
+//! Each call is one round trip: EVALSHA, or, when the server answers NOSCRIPT (after a
+//! restart or SCRIPT FLUSH), EVAL with the script's text, which also caches it there.
+//! EVAL goes where EVALSHA went (on a cluster, to the master of the keys' slot), unlike
+//! SCRIPT LOAD, which a cluster client sends to every master. Each call is also available
 //! as a [`Call`] and a parser, for sending one request to several servers at once.
 
 use std::sync::LazyLock;
 use std::time::Duration;
 
 use redis::{
-    Cmd, ConnectionLike, ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Value,
+    Arg, Cmd, ConnectionLike, ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Value,
 };
 
 use crate::fence::fence_key;
-static ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../lua/acquire.lua")));
-static REFRESH: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../lua/refresh.lua")));
-static RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../lua/release.lua")));
-static TTL: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../lua/ttl.lua")));
 
-/// One script call, ready to send: the EVALSHA, and the script to load should the server
+/// A script of `lua/`: its text, and the SHA1 that EVALSHA names it by.
+struct Lua {
+    code: &'static str,
+    hash: String,
+}
+
+impl Lua {
+    fn new(code: &'static str) -> Lua {
+        let hash = Script::new(code).get_hash().to_string();
+        Lua { code, hash }
+    }
+}
+
+static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../lua/acquire.lua")));
+static REFRESH: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../lua/refresh.lua")));
+static RELEASE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../lua/release.lua")));
+static TTL: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../lua/ttl.lua")));
+
+/// One script call, ready to send: the EVALSHA, and the script's text should the server
 /// not know it.
 pub(crate) struct Call {
-    script: Option<&'static Script>,
+    script: Option<&'static Lua>,
     cmd: Cmd,
 }
 
 impl Call {
-    fn new(script: &'static Script, keys: &[&str], args: &[&str]) -> Call {
+    fn new(script: &'static Lua, keys: &[&str], args: &[&str]) -> Call {
         let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.get_hash())
-            .arg(keys.len())
-            .arg(keys)
-            .arg(args);
+        cmd.arg(&script.hash).arg(keys.len()).arg(keys).arg(args);
         Call {
             script: Some(script),
             cmd,
@@ -50,7 +60,7 @@ impl Call {
         self.cmd.get_packed_command()
     }
 
-    /// Runs the call, loading the script first if the server answers NOSCRIPT.
+    /// Runs the call, sending the script's text if the server answers NOSCRIPT.
     pub(crate) fn run(&self, con: &mut dyn ConnectionLike) -> RedisResult<Value> {
         match self.cmd.query(con) {
             Err(e) if is_noscript(&e) => self.reload_and_run(con),
@@ -58,12 +68,20 @@ impl Call {
         }
     }
 
-    /// After a NOSCRIPT answer: loads the script, then runs the call again.
+    /// After a NOSCRIPT answer: the same call as EVAL, with the script's text.
     pub(crate) fn reload_and_run(&self, con: &mut dyn ConnectionLike) -> RedisResult<Value> {
-        if let Some(script) = self.script {
-            script.load(con)?;
+        let Some(script) = self.script else {
+            return self.cmd.query(con);
+        };
+        let mut eval = redis::cmd("EVAL");
+        eval.arg(script.code);
+        // After EVALSHA and the hash: the key count, the keys, the arguments.
+        for arg in self.cmd.args_iter().skip(2) {
+            if let Arg::Simple(bytes) = arg {
+                eval.arg(bytes);
+            }
         }
-        self.cmd.query(con)
+        eval.query(con)
     }
 }
 
@@ -80,9 +98,9 @@ pub(crate) enum Acquired {
     /// Another owner holds at least one key; nothing was changed.
     HeldElsewhere,
     /// On a quorum: some nodes were free but not a majority (a release still on its way
-    /// to the others, or another owner taking them at the same time); what was taken has
-    /// been taken back. Worth another attempt soon.
-    Split,
+    /// to the others, another owner taking them at the same time, or a node that lost its
+    /// keys); what was taken has been taken back.
+    Partial,
     /// `key` holds a Redis `kind` other than a string; nothing was changed.
     WrongType { key: String, kind: String },
 }

@@ -216,18 +216,19 @@ impl<'a> Ticket<'a> {
 
     /// Sleeps until `until`, or until one of the keys was released or the subscription to
     /// all of them was (re)confirmed since the last [`mark`](Self::mark) (or since the
-    /// snapshot taken before the first attempt), whichever comes first.
-    pub(crate) fn wait_until(&mut self, until: Instant) {
+    /// snapshot taken before the first attempt), whichever comes first; `true` when a
+    /// release was heard.
+    pub(crate) fn wait_until(&mut self, until: Instant) -> bool {
         let mut state = self.board.state.lock();
         loop {
             let now = state.observe(&self.keys);
             let released = now.releases != self.seen.releases;
             let resubscribed = now.all_subscribed && now.subscriptions != self.seen.subscriptions;
             if released || resubscribed {
-                return;
+                return released;
             }
             if self.board.changed.wait_until(&mut state, until).timed_out() {
-                return;
+                return false;
             }
         }
     }

@@ -190,3 +190,60 @@ fn unreachable_seeds_are_an_error_within_the_bounds() {
         Err(Error::InvalidInput(_))
     ));
 }
+
+#[test]
+fn across_slots_fences_come_in_key_order_and_a_lost_part_loses_the_lock() {
+    let cluster = RedisCluster::start();
+    let locker = cluster_locker(&cluster);
+    // Distinct counters, so that slot order and key order give different lists.
+    for (key, count) in [("a", 10), ("b", 20), ("c", 30)] {
+        let counter = format!("redguard:fence:{{{key}}}");
+        let owner = cluster.owner_of(RedisCluster::slot(&counter));
+        let _: () = cluster.query(owner, redis::cmd("SET").arg(&counter).arg(count));
+    }
+    let options = LockOptions::default().across_slots(true).fencing(true);
+    let guard = locker.lock_with(&["a", "b", "c"], options).unwrap();
+    assert_eq!(guard.fences(), [11, 21, 31]);
+    // "b" is in the lowest slot, "a" in the highest: losing "b" alone loses the lock.
+    let owner = cluster.owner_of(RedisCluster::slot("b"));
+    let _: u64 = cluster.query(owner, redis::cmd("DEL").arg("b"));
+    assert!(matches!(
+        guard.refresh(Duration::from_secs(5)),
+        Err(Error::LockLost)
+    ));
+    assert!(guard.is_lost());
+}
+
+#[test]
+fn a_frozen_master_does_not_stop_the_refresh_of_locks_on_the_others() {
+    let cluster = RedisCluster::start();
+    let locker = Locker::builder()
+        .pool_size(2)
+        .io_timeout(Duration::from_millis(200))
+        .connect_timeout(Duration::from_millis(200))
+        .build_cluster(&cluster.urls())
+        .expect("connect to the test's cluster");
+    // Two keys on different masters; the frozen one holds the lower slot, so its part of
+    // each refresh batch is tried first.
+    let mut keys: Vec<String> = (0..200).map(|i| format!("key{i}")).collect();
+    keys.sort_by_key(|key| RedisCluster::slot(key));
+    let frozen_key = keys[0].clone();
+    let frozen = cluster.owner_of(RedisCluster::slot(&frozen_key));
+    let healthy_key = keys
+        .iter()
+        .find(|key| cluster.owner_of(RedisCluster::slot(key)) != frozen)
+        .unwrap()
+        .clone();
+    let healthy = cluster.owner_of(RedisCluster::slot(&healthy_key));
+    let ttl = LockOptions::default().ttl(Duration::from_millis(2000));
+    let on_frozen = locker.lock_with(&[&frozen_key], ttl.clone()).unwrap();
+    let on_healthy = locker.lock_with(&[&healthy_key], ttl).unwrap();
+    cluster.pause(frozen);
+    thread::sleep(Duration::from_millis(5000));
+    assert!(!on_healthy.is_lost(), "refreshed all along");
+    let pttl: i64 = cluster.query(healthy, redis::cmd("PTTL").arg(&healthy_key));
+    assert!(pttl > 0, "still held on its master: {pttl}");
+    assert!(on_frozen.is_lost(), "unknown until its TTL ran out");
+    cluster.resume(frozen);
+    on_healthy.release().unwrap();
+}

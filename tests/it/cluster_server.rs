@@ -132,6 +132,18 @@ impl RedisCluster {
         self.ports.clone()
     }
 
+    /// Freezes node `node` (SIGSTOP): its connections stay open, nothing answers.
+    #[allow(dead_code)]
+    pub fn pause(&self, node: usize) {
+        signal(self.nodes[node].id(), "STOP");
+    }
+
+    /// Undoes [`pause`](Self::pause).
+    #[allow(dead_code)]
+    pub fn resume(&self, node: usize) {
+        signal(self.nodes[node].id(), "CONT");
+    }
+
     /// The nodes' process ids (the benchmark reads their CPU time).
     #[allow(dead_code)]
     pub fn pids(&self) -> Vec<u32> {
@@ -342,6 +354,14 @@ fn describe(cmd: &redis::Cmd) -> String {
         _ => "<cursor>".into(),
     });
     args.collect::<Vec<_>>().join(" ")
+}
+
+fn signal(pid: u32, name: &str) {
+    let status = Command::new("kill")
+        .args([&format!("-{name}"), &pid.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{name} {pid} failed");
 }
 
 #[cfg(test)]

@@ -306,8 +306,9 @@ fn waiter_is_woken_by_a_release() {
             (guard, Instant::now())
         })
     };
+    // The locker listens on the last node first.
     eventually(Duration::from_secs(5), "the waiter subscribes", || {
-        servers[0].subscribers("redguard:released:k") == 1
+        servers[4].subscribers("redguard:released:k") == 1
     });
     let released = Instant::now();
     holder.release().unwrap();
@@ -357,4 +358,149 @@ fn bad_quorum_settings_are_refused_before_locking() {
             .is_err()
     );
     assert!(started.elapsed() < Duration::from_secs(2));
+}
+
+#[test]
+fn waiter_is_still_woken_after_the_node_it_listened_on_died() {
+    let mut servers = five();
+    let locker = redlock(&urls(&servers));
+    let holder = locker.lock(&["k"]).unwrap();
+    let first = thread::spawn({
+        let locker = locker.clone();
+        move || {
+            drop(locker.lock_with(
+                &["k"],
+                LockOptions::default().timeout(Duration::from_secs(5)),
+            ))
+        }
+    });
+    eventually(
+        Duration::from_secs(5),
+        "the subscriber listens on the last node",
+        || servers[4].subscribers("redguard:released:k") == 1,
+    );
+    servers[4].kill();
+    eventually(
+        Duration::from_secs(5),
+        "the subscriber moves to the next node",
+        || servers[3].subscribers("redguard:released:k") == 1,
+    );
+    let waiting = thread::spawn({
+        let locker = locker.clone();
+        move || {
+            let slow = LockOptions::default()
+                .retry(Retry::linear(Duration::from_secs(10)))
+                .timeout(Duration::from_secs(30));
+            (locker.lock_with(&["k"], slow).map(drop), Instant::now())
+        }
+    });
+    thread::sleep(Duration::from_millis(50)); // let it make its first attempt
+    let released = Instant::now();
+    holder.release().unwrap();
+    first.join().unwrap();
+    let (got, at) = waiting.join().unwrap();
+    got.unwrap();
+    assert!(
+        at - released < Duration::from_secs(2),
+        "{:?}",
+        at - released
+    );
+}
+
+#[test]
+fn an_acquire_whose_replies_came_too_late_is_taken_back_everywhere() {
+    let servers = five();
+    let urls = urls(&servers);
+    let locker = redlock(&urls);
+    drop(locker.lock(&["warm"]).unwrap()); // connections made, scripts loaded
+    for server in &servers[..3] {
+        server.pause();
+    }
+    let result = locker.try_lock(&["k"]);
+    assert!(
+        matches!(result, Err(Error::NotObtained) | Ok(None)),
+        "{result:?}"
+    );
+    for server in &servers[..3] {
+        server.resume();
+    }
+    // The frozen nodes ran the acquire when they woke, then the take-back sent after it
+    // on the same connection; the others were taken back at once.
+    eventually(Duration::from_secs(3), "no node keeps the key", || {
+        values(&servers, "k").iter().all(Option::is_none)
+    });
+    let other = redlock(&urls);
+    assert!(other.try_lock(&["k"]).unwrap().is_some());
+}
+
+#[test]
+fn a_waiter_does_not_spin_when_one_node_lost_the_holders_key() {
+    let servers = five();
+    let urls = urls(&servers);
+    let (one, two) = (redlock(&urls), redlock(&urls));
+    let _held = one.lock(&["k"]).unwrap();
+    let _: u64 = servers[2].query(&["DEL", "k"]); // that node is free, the others held
+    let before = servers[0].evalsha_calls();
+    let patient = LockOptions::default()
+        .retry(Retry::linear(Duration::from_millis(300)))
+        .timeout(Duration::from_secs(1));
+    assert!(matches!(
+        two.lock_with(&["k"], patient),
+        Err(Error::NotObtained)
+    ));
+    let attempts = servers[0].evalsha_calls() - before;
+    // About one attempt per 300 ms (and the last one at the deadline), not one every
+    // few milliseconds.
+    assert!((2..=7).contains(&attempts), "{attempts} attempts in 1 s");
+    assert_eq!(values(&servers, "k")[2], None, "taken back");
+}
+
+#[test]
+fn ttl_is_how_long_a_majority_still_holds_the_lock() {
+    let servers = five();
+    let locker = redlock(&urls(&servers));
+    let guard = locker
+        .lock_with(&["k"], LockOptions::default().ttl(Duration::from_secs(60)))
+        .unwrap();
+    for (server, secs) in servers.iter().zip([10, 50, 20, 40, 30]) {
+        let _: u64 = server.query(&["PEXPIRE", "k", &(secs * 1000).to_string()]);
+    }
+    let ttl = guard.ttl().unwrap().expect("held");
+    // Three of five hold it for at least 30 s; the fourth longest goes at 20 s.
+    assert!(
+        ttl > Duration::from_secs(29) && ttl <= Duration::from_secs(30),
+        "{ttl:?}"
+    );
+}
+
+#[test]
+fn a_quorum_lock_counts_itself_lost_before_its_ttl_by_the_drift_allowance() {
+    let servers = five();
+    let locker = redlock(&urls(&servers));
+    let ttl = Duration::from_millis(2000); // drift allowance: 1% + 2 ms = 22 ms
+    let guard = locker
+        .lock_with(&["k"], LockOptions::default().ttl(ttl).auto_refresh(false))
+        .unwrap();
+    let returned = Instant::now();
+    assert!(!guard.is_lost());
+    // Lost by 1978 ms after the request was sent, before it returned. Sleeping longer
+    // than asked cannot make this fail; without the allowance it would still be held.
+    thread::sleep(ttl - Duration::from_millis(15) - returned.elapsed());
+    assert!(guard.is_lost());
+}
+
+#[test]
+fn a_ttl_too_short_for_the_node_timeout_is_refused() {
+    let servers = five();
+    let locker = redlock(&urls(&servers)); // node timeout 300 ms: attempts up to 450 ms
+    let short = locker.lock_with(
+        &["k"],
+        LockOptions::default().ttl(Duration::from_millis(450)),
+    );
+    assert!(matches!(short, Err(Error::InvalidInput(_))), "{short:?}");
+    let enough = locker.lock_with(
+        &["k"],
+        LockOptions::default().ttl(Duration::from_millis(500)),
+    );
+    assert!(enough.is_ok());
 }

@@ -10,7 +10,7 @@ use crate::server::RedisServer;
 
 /// The minimal ACL rules, as README.md gives them.
 const RULES: &str = "resetkeys ~locks:* resetchannels &locks:* -@all \
-    +set +evalsha +script|load +publish +subscribe +unsubscribe +ping +echo \
+    +set +evalsha +eval +publish +subscribe +unsubscribe +ping +echo \
     +msetnx +mset +pexpire +pttl +getrange +type +get +mget +del +incr";
 
 #[test]
