@@ -5,13 +5,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::cluster::ClusterPool;
-use crate::fence::fence_key;
+use crate::cluster::{self, ClusterPool};
 use crate::held::no_drift;
 use crate::pool::Pool;
 use crate::quorum::{self, Quorum};
 use crate::scripts::{self, Acquired, Attempt, Refresh};
-use crate::slot::{by_slot, slot};
 use crate::{Error, LockOptions, Result};
 
 /// What a refresh found of one lock.
@@ -65,7 +63,9 @@ impl Backend {
                 }
                 Ok(())
             }
-            Backend::Cluster(..) => slots_allow(keys, names.unwrap_or(keys), prefix, options),
+            Backend::Cluster(..) => {
+                cluster::check_slots(keys, names.unwrap_or(keys), prefix, options)
+            }
         }
     }
 
@@ -138,39 +138,4 @@ impl Backend {
             Backend::Cluster(_, seeds) => seeds.clone(),
         }
     }
-}
-
-/// On a cluster: the keys must share a hash slot unless the options allow otherwise, and
-/// each fencing counter (`prefix` + its name) must share its key's slot.
-fn slots_allow(
-    keys: &[String],
-    names: &[String],
-    prefix: &str,
-    options: &LockOptions,
-) -> Result<()> {
-    let groups = by_slot(keys);
-    if groups.len() > 1 && !options.across_slots {
-        let listed: Vec<String> = keys
-            .iter()
-            .zip(names)
-            .map(|(key, name)| format!("{name:?} (slot {})", slot(key)))
-            .collect();
-        return Err(Error::InvalidInput(format!(
-            "keys in different cluster hash slots: {}; one atomic lock needs one slot: give \
-             the keys a common hash tag (like {{order42}}:a, {{order42}}:b), or allow \
-             LockOptions::across_slots",
-            listed.join(", ")
-        )));
-    }
-    if options.fencing {
-        for (key, name) in keys.iter().zip(names) {
-            if slot(&format!("{prefix}{}", fence_key(key))) != slot(key) {
-                return Err(Error::InvalidInput(format!(
-                    "the fencing counter of {name:?} would be in another hash slot (a key or \
-                     prefix with an unmatched brace): use a key with a hash tag"
-                )));
-            }
-        }
-    }
-    Ok(())
 }

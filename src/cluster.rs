@@ -13,11 +13,12 @@ use std::time::{Duration, Instant};
 use redis::cluster::{ClusterClient, ClusterConnection};
 use redis::{ConnectionLike, ErrorKind, RedisError, RedisResult};
 
-use crate::Result;
 use crate::backend::Refreshed;
+use crate::fence::fence_key;
 use crate::pool::Bounds;
 use crate::scripts::{self, Acquired, Attempt, Refresh};
-use crate::slot::by_slot;
+use crate::slot::{by_slot, slot};
+use crate::{Error, LockOptions, Result};
 
 /// A pool of cluster connections (each one a connection to every master).
 pub(crate) struct ClusterPool {
@@ -196,4 +197,39 @@ impl ClusterPool {
         }
         Ok(shortest)
     }
+}
+
+/// On a cluster: the keys must share a hash slot unless the options allow otherwise, and
+/// each fencing counter (`prefix` + its name) must share its key's slot.
+pub(crate) fn check_slots(
+    keys: &[String],
+    names: &[String],
+    prefix: &str,
+    options: &LockOptions,
+) -> Result<()> {
+    let groups = by_slot(keys);
+    if groups.len() > 1 && !options.across_slots {
+        let listed: Vec<String> = keys
+            .iter()
+            .zip(names)
+            .map(|(key, name)| format!("{name:?} (slot {})", slot(key)))
+            .collect();
+        return Err(Error::InvalidInput(format!(
+            "keys in different cluster hash slots: {}; one atomic lock needs one slot: give \
+             the keys a common hash tag (like {{order42}}:a, {{order42}}:b), or allow \
+             LockOptions::across_slots",
+            listed.join(", ")
+        )));
+    }
+    if options.fencing {
+        for (key, name) in keys.iter().zip(names) {
+            if slot(&format!("{prefix}{}", fence_key(key))) != slot(key) {
+                return Err(Error::InvalidInput(format!(
+                    "the fencing counter of {name:?} would be in another hash slot (a key or \
+                     prefix with an unmatched brace): use a key with a hash tag"
+                )));
+            }
+        }
+    }
+    Ok(())
 }

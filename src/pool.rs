@@ -118,6 +118,15 @@ impl Pool {
         }
     }
 
+    /// Whether the pool holds any connection at all, idle or in use (none: the server has
+    /// not been reachable since they were dropped).
+    pub(crate) fn has_connections(&self) -> bool {
+        match self {
+            Pool::Own { pool, .. } => pool.state().connections > 0,
+            Pool::Given { pool, .. } => pool.state().connections > 0,
+        }
+    }
+
     /// A connection if one is free right now (for work that may be skipped).
     pub(crate) fn try_get(&self) -> Option<Conn> {
         match self {

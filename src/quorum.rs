@@ -338,7 +338,12 @@ impl Node {
         let mut con = self
             .pool
             .get_within(left(deadline))
-            .inspect_err(|_| self.failed())
+            .inspect_err(|_| {
+                // A busy pool is not the node's fault; a pool left with no connection is.
+                if !self.pool.has_connections() {
+                    self.failed();
+                }
+            })
             .map_err(Wait::Failed)?;
         self.write(&mut con, packed).map_err(Wait::Failed)?;
         Ok(con)

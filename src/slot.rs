@@ -1,6 +1,8 @@
 //! Redis Cluster hash slots, computed here so that keys in different slots are refused
 //! before any round trip.
 
+use std::collections::BTreeMap;
+
 /// How many hash slots a cluster has.
 const SLOTS: u16 = 16384;
 
@@ -20,16 +22,11 @@ pub(crate) fn hash_tag(key: &str) -> Option<&str> {
 
 /// `keys` grouped by slot, in ascending slot order, each group in the order given.
 pub(crate) fn by_slot(keys: &[String]) -> Vec<(u16, Vec<String>)> {
-    let mut groups: Vec<(u16, Vec<String>)> = Vec::new();
+    let mut groups: BTreeMap<u16, Vec<String>> = BTreeMap::new();
     for key in keys {
-        let slot = slot(key);
-        match groups.iter_mut().find(|(s, _)| *s == slot) {
-            Some((_, group)) => group.push(key.clone()),
-            None => groups.push((slot, vec![key.clone()])),
-        }
+        groups.entry(slot(key)).or_default().push(key.clone());
     }
-    groups.sort_by_key(|(slot, _)| *slot);
-    groups
+    groups.into_iter().collect()
 }
 
 /// CRC-16/XMODEM (polynomial 0x1021, no reflection), as Redis Cluster uses.
