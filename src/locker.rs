@@ -90,9 +90,18 @@ impl Locker {
     /// One attempt to lock every key: `Ok(None)` when another owner holds one of them.
     ///
     /// # Errors
-    /// As [`lock`](Self::lock).
+    /// As [`lock`](Self::lock); on a quorum of servers, [`Error::Redis`] when fewer than
+    /// a majority of them answered.
     pub fn try_lock<K: AsRef<str>>(&self, keys: &[K]) -> Result<Option<LockGuard>> {
-        match self.lock_with(keys, LockOptions::default().retry(Retry::none())) {
+        let once = LockOptions::default().retry(Retry::none());
+        // `None` must mean "held elsewhere": too few quorum nodes answering is an error.
+        let no_quorum = || {
+            Error::Redis(redis::RedisError::from((
+                redis::ErrorKind::Io,
+                "fewer than a majority of the servers answered",
+            )))
+        };
+        match self.lock_until(keys, once, no_quorum) {
             Ok(guard) => Ok(Some(guard)),
             Err(Error::NotObtained) => Ok(None),
             Err(e) => Err(e),
@@ -111,6 +120,17 @@ impl Locker {
     /// [`Error::InvalidInput`] for bad keys, TTL or token (before any round trip); otherwise
     /// as [`lock`](Self::lock).
     pub fn lock_with<K: AsRef<str>>(&self, keys: &[K], options: LockOptions) -> Result<LockGuard> {
+        self.lock_until(keys, options, || Error::NotObtained)
+    }
+
+    /// [`lock_with`](Self::lock_with), with `no_quorum` as the error when too few quorum
+    /// nodes answer.
+    fn lock_until<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        options: LockOptions,
+        no_quorum: impl Fn() -> Error,
+    ) -> Result<LockGuard> {
         let started = Instant::now();
         let names = checked_keys(keys)?;
         let prefix = self.shared.prefix.as_str();
@@ -191,6 +211,7 @@ impl Locker {
                 }
                 Acquired::HeldElsewhere => {}
                 Acquired::Partial => partial = true,
+                Acquired::NoQuorum => return Err(no_quorum()),
             }
             let now = Instant::now();
             let mut until = match wake_at {

@@ -71,7 +71,7 @@ fn decide(tally: Tally, majority: usize, in_time: bool) -> Result<Acquired> {
     }
     if taken + elsewhere < majority {
         // Too few nodes answered: waiting would not help until they are back.
-        return Err(Error::NotObtained);
+        return Ok(Acquired::NoQuorum);
     }
     Ok(match taken {
         0 => Acquired::HeldElsewhere,
@@ -124,8 +124,7 @@ impl Quorum {
     /// reply did not come in time is sent the take-back on the same connection, so that
     /// it runs after the acquire should the node wake up.
     ///
-    /// # Errors
-    /// [`Error::NotObtained`] when fewer than a majority of the nodes answered.
+    /// [`Acquired::NoQuorum`] when fewer than a majority of the nodes answered.
     pub(crate) fn acquire(&self, attempt: &Attempt<'_>) -> Result<Acquired> {
         let started = Instant::now();
         let take_back = scripts::release_call(attempt.keys, attempt.value, "");
@@ -457,8 +456,8 @@ mod tests {
 
     #[test]
     fn too_few_answers_is_not_obtained_at_once() {
-        assert_eq!(outcome(2, 0, true), "Err(NotObtained)");
-        assert_eq!(outcome(0, 2, true), "Err(NotObtained)");
+        assert_eq!(outcome(2, 0, true), "Ok(NoQuorum)");
+        assert_eq!(outcome(0, 2, true), "Ok(NoQuorum)");
     }
 
     #[test]

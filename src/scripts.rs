@@ -101,6 +101,9 @@ pub(crate) enum Acquired {
     /// to the others, another owner taking them at the same time, or a node that lost its
     /// keys); what was taken has been taken back.
     Partial,
+    /// On a quorum: fewer than a majority of the nodes answered; what was taken has been
+    /// taken back. Waiting would not help until they are back.
+    NoQuorum,
     /// `key` holds a Redis `kind` other than a string; nothing was changed.
     WrongType { key: String, kind: String },
 }
