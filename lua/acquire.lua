@@ -2,9 +2,10 @@
 -- KEYS: the lock keys; with fencing, followed by one fencing counter per lock key.
 -- ARGV[1]: the value to store (token .. metadata); ARGV[2]: the token's length in bytes;
 -- ARGV[3]: the TTL in milliseconds; ARGV[4]: '1' for fencing tokens, else '0'.
--- Returns 1 when every key is now ours (with fencing: {'fences', token per key}), 0 when
--- another owner holds one of them, and {'wrongtype', key, type} when a key (or a counter)
--- holds another Redis type. Nothing is changed unless every key is ours.
+-- Returns 1 when every key is now ours (with fencing: {'fences', token per key}), 2 when
+-- they already were, re-obtained by the same owner (with fencing: {'kept', token per
+-- key}), 0 when another owner holds one of them, and {'wrongtype', key, type} when a key
+-- (or a counter) holds another Redis type. Nothing is changed unless every key is ours.
 local token_len, ttl = tonumber(ARGV[2]), tonumber(ARGV[3])
 local fencing = ARGV[4] == '1'
 local n = fencing and #KEYS / 2 or #KEYS
@@ -68,11 +69,11 @@ for i = 1, n do
   redis.call('pexpire', KEYS[i], ARGV[3])
 end
 if not fencing then
-  return 1
+  return fresh and 1 or 2
 end
 
 -- A new acquisition gets the next token of each key; a re-obtain keeps the current one.
-local fences = {'fences'}
+local fences = {fresh and 'fences' or 'kept'}
 for i = n + 1, #KEYS do
   local current = redis.call('get', KEYS[i])
   if fresh or not current or tonumber(current) < 1 then

@@ -51,22 +51,29 @@ impl Backend {
                  quorum of servers cannot give one rising sequence"
                     .into(),
             )),
-            Backend::Quorum(quorum) => {
-                let attempt = quorum.longest_attempt().as_millis();
-                let needed = attempt + u128::from(quorum::drift_ms(ttl_ms));
-                if u128::from(ttl_ms) <= needed {
-                    return Err(Error::InvalidInput(format!(
-                        "ttl of {ttl_ms} ms leaves no time to hold a quorum lock after the \
-                         longest attempt ({attempt} ms, 1.5 node timeouts) and the clock \
-                         drift allowance: use a longer ttl or a shorter node_timeout"
-                    )));
-                }
-                Ok(())
-            }
+            Backend::Quorum(_) => self.check_ttl(ttl_ms),
             Backend::Cluster(..) => {
                 cluster::check_slots(keys, names.unwrap_or(keys), prefix, options)
             }
         }
+    }
+
+    /// Refuses a TTL this backend cannot hold a lock for: on a quorum, one that leaves no
+    /// validity after the longest attempt and the drift allowance.
+    pub(crate) fn check_ttl(&self, ttl_ms: u64) -> Result<()> {
+        let Backend::Quorum(quorum) = self else {
+            return Ok(());
+        };
+        let attempt = quorum.longest_attempt().as_millis();
+        let needed = attempt + u128::from(quorum::drift_ms(ttl_ms));
+        if u128::from(ttl_ms) <= needed {
+            return Err(Error::InvalidInput(format!(
+                "ttl of {ttl_ms} ms leaves no time to hold a quorum lock after the longest \
+                 attempt ({attempt} ms, 1.5 node timeouts) and the clock drift allowance: use \
+                 a longer ttl or a shorter node_timeout"
+            )));
+        }
+        Ok(())
     }
 
     /// One attempt to take every key; see [`scripts::acquire`] and [`Quorum::acquire`].
@@ -94,7 +101,7 @@ impl Backend {
         match self {
             // Safe to repeat: setting the same TTL twice is the same as once.
             Backend::Single(pool) => pool.run(|con| scripts::refresh(con, locks)).map(known),
-            Backend::Quorum(quorum) => quorum.refresh(locks).map(known),
+            Backend::Quorum(quorum) => quorum.refresh(locks),
             Backend::Cluster(cluster, _) => cluster.refresh(locks),
         }
     }

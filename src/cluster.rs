@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use redis::cluster::{ClusterClient, ClusterConnection};
-use redis::{ConnectionLike, ErrorKind, RedisError, RedisResult};
+use redis::{ConnectionLike, ErrorKind, RedisError, RedisResult, ServerErrorKind};
 
 use crate::backend::Refreshed;
 use crate::fence::fence_key;
@@ -83,24 +83,36 @@ impl ClusterPool {
     pub(crate) fn acquire(&self, attempt: &Attempt<'_>, set_first: bool) -> Result<Acquired> {
         let groups = by_slot(attempt.keys);
         if groups.len() == 1 {
-            return self.run(|con| scripts::acquire(con, attempt, set_first));
+            return moving(self.run(|con| scripts::acquire(con, attempt, set_first)));
         }
         // Ascending slot order: two owners after overlapping keys meet at their lowest
         // shared slot first, so at most one of them gets past it.
         let mut fences = HashMap::new();
-        for (i, (_, keys)) in groups.iter().enumerate() {
+        let mut taken: Vec<&[String]> = Vec::new();
+        let mut fresh = true;
+        for (_, keys) in &groups {
             let part = Attempt { keys, ..*attempt };
-            let outcome = self.run(|con| scripts::acquire(con, &part, set_first));
-            match outcome {
+            match moving(self.run(|con| scripts::acquire(con, &part, set_first))) {
                 Ok(Acquired::Yes {
                     fences: part_fences,
+                    fresh: part_fresh,
                 }) => {
                     fences.extend(keys.iter().zip(part_fences));
+                    if part_fresh {
+                        taken.push(keys);
+                    }
+                    fresh &= part_fresh;
                 }
                 failed => {
-                    // Best effort: what cannot be taken back expires with its TTL. The
-                    // failed slot too: its reply may have been lost after it was taken.
-                    for (_, keys) in &groups[..=i] {
+                    // Take back what this attempt took (not what the same owner held
+                    // before), and the failed slot too when its reply may have been lost
+                    // after it was taken, unless a fixed token may have held it before.
+                    // Best effort: what cannot be taken back expires with its TTL.
+                    let reply_lost = failed.is_err() && !attempt.fixed_token;
+                    for keys in taken
+                        .into_iter()
+                        .chain(reply_lost.then_some(keys.as_slice()))
+                    {
                         let _ = self.run(|con| scripts::release(con, keys, attempt.value, ""));
                     }
                     return failed;
@@ -116,7 +128,7 @@ impl ClusterPool {
         } else {
             Vec::new()
         };
-        Ok(Acquired::Yes { fences })
+        Ok(Acquired::Yes { fences, fresh })
     }
 
     /// Refreshes a batch with one script call per slot its locks use, one slot after
@@ -196,6 +208,23 @@ impl ClusterPool {
             shortest = shortest.zip(ttl).map(|(a, b)| a.min(b));
         }
         Ok(shortest)
+    }
+}
+
+/// A slot being moved (TRYAGAIN: a multi-key request while its keys are split between
+/// two masters) or a cluster down for a moment: nothing ran, so wait and try again, as
+/// for a lock held elsewhere.
+fn moving(outcome: Result<Acquired>) -> Result<Acquired> {
+    match outcome {
+        Err(Error::Redis(e))
+            if matches!(
+                e.kind(),
+                ErrorKind::Server(ServerErrorKind::TryAgain | ServerErrorKind::ClusterDown)
+            ) =>
+        {
+            Ok(Acquired::HeldElsewhere)
+        }
+        other => other,
     }
 }
 

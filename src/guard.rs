@@ -96,10 +96,12 @@ impl LockGuard {
     ///
     /// # Errors
     /// [`Error::LockLost`] when the lock is no longer held (nothing is changed then),
-    /// [`Error::InvalidInput`] for a TTL under 1 ms or over [`MAX_TTL`](crate::MAX_TTL),
+    /// [`Error::InvalidInput`] for a TTL under 1 ms or over [`MAX_TTL`](crate::MAX_TTL)
+    /// (on a quorum, also one too short for the node timeout),
     /// [`Error::Redis`] or [`Error::Pool`] when Redis cannot be asked.
     pub fn refresh(&self, ttl: Duration) -> Result<()> {
         let ttl_ms = checked_ttl(ttl)?;
+        self.shared.backend.check_ttl(ttl_ms)?;
         if self.held.is_lost() {
             return Err(Error::LockLost);
         }

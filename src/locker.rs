@@ -24,6 +24,10 @@ use crate::{Error, LockGuard, LockOptions, Result, Retry};
 const QUICK_PAUSE: Duration = Duration::from_millis(1);
 const QUICK_RETRIES: u32 = 3;
 
+/// The longest [`LockerBuilder::node_timeout`]: far longer than any sensible one, short
+/// enough for the clock arithmetic.
+const MAX_NODE_TIMEOUT: Duration = Duration::from_secs(3600);
+
 /// Takes locks on Redis keys. A cheap `Clone` (an `Arc` inside), `Send + Sync`.
 ///
 /// ```no_run
@@ -147,6 +151,7 @@ impl Locker {
         self.shared
             .backend
             .supports(&keys, names.as_deref(), prefix, &options, ttl_ms)?;
+        let fixed_token = options.token.is_some();
         let token = match options.token {
             Some(token) => {
                 checked_token(&token)?;
@@ -191,11 +196,12 @@ impl Locker {
                     ttl_ms,
                     fencing: options.fencing,
                     prefix,
+                    fixed_token,
                 };
                 self.shared.backend.acquire(&attempt, set_first)?
             };
             match outcome {
-                Acquired::Yes { fences } => {
+                Acquired::Yes { fences, .. } => {
                     let timing = Timing::new(ttl_ms, sent_at, self.shared.backend.drift());
                     let held = Held::new(keys, value, token_len, fences, timing).named(names);
                     return LockGuard::new(Arc::clone(&self.shared), held, options.auto_refresh);
@@ -406,10 +412,12 @@ impl LockerBuilder {
     /// node timeout.
     pub fn build_redlock<T: IntoConnectionInfo + Clone>(self, urls: &[T]) -> Result<Locker> {
         self.check()?;
-        if self.node_timeout.is_zero() {
-            return Err(Error::InvalidInput(
-                "node_timeout is 0: every network wait needs a bound above zero".into(),
-            ));
+        if self.node_timeout.is_zero() || self.node_timeout > MAX_NODE_TIMEOUT {
+            return Err(Error::InvalidInput(format!(
+                "node_timeout of {:?} is not between 0 and {MAX_NODE_TIMEOUT:?}: it bounds \
+                 every request, and must stay far below the TTL",
+                self.node_timeout
+            )));
         }
         if urls.is_empty() {
             return Err(Error::InvalidInput(

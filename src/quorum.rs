@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use redis::{ErrorKind, RedisError, Value};
 
+use crate::backend::Refreshed;
 use crate::pool::{Conn, Pool};
 use crate::scripts::{self, Acquired, Attempt, Call, Refresh};
 use crate::{Error, Result};
@@ -64,7 +65,10 @@ fn decide(tally: Tally, majority: usize, in_time: bool) -> Result<Acquired> {
         wrong_type,
     } = tally;
     if taken >= majority && in_time {
-        return Ok(Acquired::Yes { fences: Vec::new() });
+        return Ok(Acquired::Yes {
+            fences: Vec::new(),
+            fresh: true,
+        });
     }
     if let Some(wrong) = wrong_type {
         return Ok(wrong);
@@ -114,8 +118,7 @@ impl Quorum {
     /// `Ok` when a majority of the nodes answer a PING; else one of the failures.
     pub(crate) fn ping(&self) -> Result<()> {
         let ping = Call::command(redis::cmd("PING"));
-        let (_, failure) = self.answers(&ping, Ok);
-        failure.map_or(Ok(()), Err)
+        self.answers(&ping, Ok).map(drop)
     }
 
     /// Takes the lock on every node that can; held when a majority took it with time to
@@ -128,18 +131,18 @@ impl Quorum {
     pub(crate) fn acquire(&self, attempt: &Attempt<'_>) -> Result<Acquired> {
         let started = Instant::now();
         let take_back = scripts::release_call(attempt.keys, attempt.value, "");
-        let replies = self.fan_out(
-            &scripts::acquire_call(attempt),
-            None,
-            Some(&take_back.packed()),
-        );
+        // As EVAL: the node may not have the release script yet. Not with a fixed token,
+        // whose keys may be the same owner's from before this attempt.
+        let undo = (!attempt.fixed_token).then(|| take_back.eval_packed());
+        let replies = self.fan_out(&scripts::acquire_call(attempt), None, undo.as_deref());
         let mut tally = Tally::default();
         let mut taken = vec![false; self.nodes.len()];
         for (i, reply) in replies.into_iter().enumerate() {
             match reply.and_then(|reply| Ok(scripts::parse_acquired(reply)?)) {
-                Ok(Acquired::Yes { .. }) => {
+                Ok(Acquired::Yes { fresh, .. }) => {
                     tally.taken += 1;
-                    taken[i] = true;
+                    // A re-obtain is the owner's lock from before: never taken back.
+                    taken[i] = fresh;
                 }
                 Ok(wrong @ Acquired::WrongType { .. }) => {
                     tally.elsewhere += 1;
@@ -160,58 +163,77 @@ impl Quorum {
         outcome
     }
 
-    /// Refreshes a batch on every node; a lock stays held when a majority refreshed it.
-    pub(crate) fn refresh(&self, locks: &[Refresh<'_>]) -> Result<Vec<bool>> {
+    /// Refreshes a batch on every node: a lock is held when a majority refreshed it, lost
+    /// when too few did even if every node that did not answer had, and unknown between.
+    pub(crate) fn refresh(&self, locks: &[Refresh<'_>]) -> Result<Vec<Refreshed>> {
         if locks.is_empty() {
             return Ok(Vec::new());
         }
-        let (answers, failure) = self.answers(&scripts::refresh_call(locks), |reply| {
+        let sent_at = Instant::now();
+        let (answers, silent) = self.answers(&scripts::refresh_call(locks), |reply| {
             Ok(scripts::parse_refreshed(reply, locks.len())?)
-        });
-        if let Some(failure) = failure {
-            return Err(failure);
-        }
+        })?;
         let mut held = vec![0; locks.len()];
         for answer in &answers {
             for (count, refreshed) in held.iter_mut().zip(answer) {
                 *count += usize::from(*refreshed);
             }
         }
-        Ok(held.into_iter().map(|n| n >= self.majority()).collect())
+        Ok(held
+            .into_iter()
+            .map(|held| match self.count(held, silent) {
+                Some(true) => Refreshed::Held { sent_at },
+                Some(false) => Refreshed::Lost,
+                None => Refreshed::Unknown,
+            })
+            .collect())
     }
 
-    /// Releases on every node; `true` when a majority still held the lock.
+    /// Releases on every node; `true` when a majority still held the lock, `false` when
+    /// too few did even counting the nodes that did not answer.
     pub(crate) fn release(&self, keys: &[String], value: &str, channels: &str) -> Result<bool> {
         let release = scripts::release_call(keys, value, channels);
-        let (answers, failure) =
-            self.answers(&release, |reply| Ok(scripts::parse_released(reply)?));
-        match failure {
-            Some(failure) => Err(failure),
-            None => Ok(answers.into_iter().filter(|&held| held).count() >= self.majority()),
-        }
+        let (answers, silent) =
+            self.answers(&release, |reply| Ok(scripts::parse_released(reply)?))?;
+        let held = answers.into_iter().filter(|&held| held).count();
+        self.count(held, silent).ok_or_else(undecided)
     }
 
     /// How long a majority of the nodes will still hold the lock: the TTL of the node at
-    /// which fewer than a majority would remain. `None` when a majority does not hold it.
+    /// which fewer than a majority would remain. `None` when too few hold it, even counting
+    /// the nodes that did not answer.
     pub(crate) fn ttl(&self, keys: &[String], value: &str) -> Result<Option<Duration>> {
-        let (answers, failure) = self.answers(&scripts::ttl_call(keys, value), |reply| {
+        let (answers, silent) = self.answers(&scripts::ttl_call(keys, value), |reply| {
             Ok(scripts::parse_ttl(reply)?)
-        });
-        if let Some(failure) = failure {
-            return Err(failure);
-        }
+        })?;
         let mut ttls: Vec<Duration> = answers.into_iter().flatten().collect();
         ttls.sort_unstable_by(|a, b| b.cmp(a));
-        Ok(ttls.get(self.majority() - 1).copied())
+        match self.count(ttls.len(), silent) {
+            Some(true) => Ok(ttls.get(self.majority() - 1).copied()),
+            Some(false) => Ok(None),
+            None => Err(undecided()),
+        }
     }
 
-    /// The parsed answers of the nodes that gave one, and, when fewer than a majority did,
-    /// one of the failures.
+    /// Whether `held` nodes make a majority: `Some(true)` when they do, `Some(false)` when
+    /// they could not even with every one of the `silent` nodes, `None` in between.
+    fn count(&self, held: usize, silent: usize) -> Option<bool> {
+        if held >= self.majority() {
+            Some(true)
+        } else if held + silent < self.majority() {
+            Some(false)
+        } else {
+            None
+        }
+    }
+
+    /// The parsed answers of the nodes that gave one, and how many did not; an error (one
+    /// of the failures) when fewer than a majority answered.
     fn answers<T>(
         &self,
         call: &Call,
         parse: impl Fn(Value) -> Result<T>,
-    ) -> (Vec<T>, Option<Error>) {
+    ) -> Result<(Vec<T>, usize)> {
         let mut answers = Vec::with_capacity(self.nodes.len());
         let mut failure = None;
         for reply in self.fan_out(call, None, None) {
@@ -220,10 +242,11 @@ impl Quorum {
                 Err(e) => failure = Some(e),
             }
         }
-        if answers.len() >= self.majority() {
-            failure = None;
+        let silent = self.nodes.len() - answers.len();
+        match failure {
+            Some(failure) if answers.len() < self.majority() => Err(failure),
+            _ => Ok((answers, silent)),
         }
-        (answers, failure)
     }
 
     /// Sends `call` to every node not resting (or, with `only`, to those marked), then
@@ -231,12 +254,16 @@ impl Quorum {
     /// was not asked, failed, or did not answer in time. `undo` is written after `call` on
     /// the connection of a node whose reply did not come in time.
     ///
-    /// Sending first uses only connections the pools have ready, and then waits for one
-    /// where a node in good standing has none, so a busy pool does not hold up the others.
-    /// A node back from a rest is on probation: its reply is read last and waited for only
-    /// about as long as the others took, or as it took itself last time it answered
-    /// (twice that, and 1 ms), unless the others alone cannot make a majority. So a frozen
-    /// node costs a request a millisecond or so each time its rest ends, not the timeout.
+    /// Connections are taken first, node after node, each waited for until the deadline:
+    /// a thread never holds a node's connection while waiting for an earlier node's, so
+    /// threads sharing busy pools cannot hold each other up in a circle. While fewer than
+    /// a majority of nodes are awake, resting ones are asked too.
+    ///
+    /// A node back from a rest is on probation: it only gets a connection its pool has
+    /// ready, its reply is read last and waited for only about as long as the others
+    /// took, or as it took itself last time it answered (twice that, and 1 ms), unless
+    /// the others alone cannot make a majority. So a frozen node costs a request a
+    /// millisecond or so each time its rest ends, not the timeout.
     fn fan_out(
         &self,
         call: &Call,
@@ -245,25 +272,35 @@ impl Quorum {
     ) -> Vec<Result<Value>> {
         let started = Instant::now();
         let deadline = started + self.timeout;
-        let packed = call.packed();
         let count = self.nodes.len();
         let asked = |i: usize| only.is_none_or(|only| only.get(i) == Some(&true));
-        let probation: Vec<bool> = self.nodes.iter().map(Node::on_probation).collect();
-        let mut sent: Vec<Option<std::result::Result<Conn, Wait>>> = (0..count)
-            .map(|i| asked(i).then(|| self.nodes[i].send_ready(&packed)))
+        let resting: Vec<bool> = self
+            .nodes
+            .iter()
+            .map(|node| node.resting(started))
             .collect();
-        for i in 0..count {
-            if let Some(Err(Wait::ForConnection)) = &sent[i]
-                && !probation[i]
+        let awake = resting.iter().filter(|&&resting| !resting).count();
+        let probation: Vec<bool> = self.nodes.iter().map(Node::on_probation).collect();
+        let mut cons: Vec<Option<Result<Conn>>> = (0..count)
+            .map(|i| match asked(i) {
+                false => None,
+                true if resting[i] && awake >= self.majority() => Some(Err(not_asked())),
+                true => Some(self.nodes[i].checkout(deadline, probation[i])),
+            })
+            .collect();
+        let packed = call.packed();
+        for (con, node) in cons.iter_mut().zip(&self.nodes) {
+            if let Some(Ok(open)) = con
+                && let Err(e) = node.write(open, &packed)
             {
-                sent[i] = Some(self.nodes[i].send_waiting(&packed, deadline));
+                *con = Some(Err(e));
             }
         }
         let mut replies: Vec<Result<Value>> = (0..count).map(|_| Err(not_asked())).collect();
         let mut read = |i: usize, by: Instant| {
-            if let Some(con) = sent[i].take() {
+            if let Some(con) = cons[i].take() {
                 let node = &self.nodes[i];
-                replies[i] = con.map_err(Wait::into_error).and_then(|mut con| {
+                replies[i] = con.and_then(|mut con| {
                     node.receive(&mut con, call, undo, started, by, self.timeout)
                 });
             }
@@ -290,20 +327,12 @@ impl Quorum {
     }
 }
 
-/// Why a request was not sent to a node (yet).
-enum Wait {
-    /// No connection was ready: worth waiting for one.
-    ForConnection,
-    Failed(Error),
-}
-
-impl Wait {
-    fn into_error(self) -> Error {
-        match self {
-            Wait::ForConnection => not_asked(),
-            Wait::Failed(e) => e,
-        }
-    }
+/// The error of a lock whose state the nodes that answered cannot settle.
+fn undecided() -> Error {
+    Error::Redis(RedisError::from((
+        ErrorKind::Io,
+        "too few nodes answered to tell whether a majority holds the lock",
+    )))
 }
 
 /// The error of a node that was not asked.
@@ -315,37 +344,27 @@ fn not_asked() -> Error {
 }
 
 impl Node {
-    /// Sends `packed` on a connection the pool has ready, unless the node is resting.
-    fn send_ready(&self, packed: &[u8]) -> std::result::Result<Conn, Wait> {
-        if self
-            .health
+    /// Whether the node is left out at `now` after a failure.
+    fn resting(&self, now: Instant) -> bool {
+        self.health
             .lock()
             .rest_until
-            .is_some_and(|until| Instant::now() < until)
-        {
-            return Err(Wait::Failed(not_asked()));
-        }
-        let mut con = self.pool.try_get().ok_or(Wait::ForConnection)?;
-        self.write(&mut con, packed).map_err(Wait::Failed)?;
-        Ok(con)
+            .is_some_and(|until| now < until)
     }
 
-    /// Waits for a connection until `deadline`, then sends `packed` on it. Not for a node
-    /// on probation: making a connection to a frozen server would take the whole wait (the
-    /// pool keeps trying in the background, and has one ready once the server answers).
-    fn send_waiting(&self, packed: &[u8], deadline: Instant) -> std::result::Result<Conn, Wait> {
-        let mut con = self
-            .pool
-            .get_within(left(deadline))
-            .inspect_err(|_| {
-                // A busy pool is not the node's fault; a pool left with no connection is.
-                if !self.pool.has_connections() {
-                    self.failed();
-                }
-            })
-            .map_err(Wait::Failed)?;
-        self.write(&mut con, packed).map_err(Wait::Failed)?;
-        Ok(con)
+    /// A connection: on probation only one the pool has ready (making one to a frozen
+    /// server would take the whole wait; the pool keeps trying in the background, and has
+    /// one ready once the server answers), else waiting until `deadline`.
+    fn checkout(&self, deadline: Instant, probation: bool) -> Result<Conn> {
+        if probation {
+            return self.pool.try_get().ok_or_else(not_asked);
+        }
+        self.pool.get_within(left(deadline)).inspect_err(|_| {
+            // A busy pool is not the node's fault; a pool left with no connection is.
+            if !self.pool.has_connections() {
+                self.failed();
+            }
+        })
     }
 
     /// Writes a request; bounded by the connection's write timeout (the node timeout).
@@ -441,10 +460,10 @@ mod tests {
 
     #[test]
     fn a_majority_in_time_holds_the_lock() {
-        assert_eq!(outcome(3, 2, true), "Ok(Yes { fences: [] })");
+        assert_eq!(outcome(3, 2, true), "Ok(Yes { fences: [], fresh: true })");
         assert_eq!(
             outcome(3, 0, true),
-            "Ok(Yes { fences: [] })",
+            "Ok(Yes { fences: [], fresh: true })",
             "two nodes silent"
         );
     }

@@ -70,8 +70,19 @@ impl Call {
 
     /// After a NOSCRIPT answer: the same call as EVAL, with the script's text.
     pub(crate) fn reload_and_run(&self, con: &mut dyn ConnectionLike) -> RedisResult<Value> {
+        self.eval().query(con)
+    }
+
+    /// The request as EVAL with the script's text, as bytes on the wire: for a request
+    /// that must run whether or not the server knows the script.
+    pub(crate) fn eval_packed(&self) -> Vec<u8> {
+        self.eval().get_packed_command()
+    }
+
+    /// The call as EVAL with the script's text (a plain command stays as it is).
+    fn eval(&self) -> Cmd {
         let Some(script) = self.script else {
-            return self.cmd.query(con);
+            return self.cmd.clone();
         };
         let mut eval = redis::cmd("EVAL");
         eval.arg(script.code);
@@ -81,7 +92,7 @@ impl Call {
                 eval.arg(bytes);
             }
         }
-        eval.query(con)
+        eval
     }
 }
 
@@ -94,7 +105,9 @@ pub(crate) fn is_noscript(e: &RedisError) -> bool {
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Acquired {
     /// Every key now holds our value and the TTL; with fencing, each key's token.
-    Yes { fences: Vec<u64> },
+    /// `fresh` unless the keys already held our value (a re-obtain with a fixed token):
+    /// only a fresh acquisition may be taken back without taking the owner's lock away.
+    Yes { fences: Vec<u64>, fresh: bool },
     /// Another owner holds at least one key; nothing was changed.
     HeldElsewhere,
     /// On a quorum: some nodes were free but not a majority (a release still on its way
@@ -132,7 +145,10 @@ pub(crate) fn acquire(
             .arg(attempt.ttl_ms)
             .query(con)?;
         if set.is_some() {
-            return Ok(Acquired::Yes { fences: Vec::new() });
+            return Ok(Acquired::Yes {
+                fences: Vec::new(),
+                fresh: true,
+            });
         }
     }
     parse_acquired(acquire_call(attempt).run(con)?)
@@ -169,10 +185,13 @@ pub(crate) fn acquire_call(attempt: &Attempt<'_>) -> Call {
 /// The acquire script's answer.
 pub(crate) fn parse_acquired(reply: Value) -> RedisResult<Acquired> {
     Ok(match reply {
-        Value::Int(1) => Acquired::Yes { fences: Vec::new() },
+        Value::Int(n @ (1 | 2)) => Acquired::Yes {
+            fences: Vec::new(),
+            fresh: n == 1,
+        },
         Value::Int(0) => Acquired::HeldElsewhere,
         other => match redis::from_redis_value::<Vec<Value>>(other)?.as_slice() {
-            [tag, fences @ ..] if *tag == Value::BulkString(b"fences".to_vec()) => {
+            [Value::BulkString(tag), fences @ ..] if tag == b"fences" || tag == b"kept" => {
                 // A token is at least 1: never let a bad reply wrap around to a huge one.
                 let fences = fences
                     .iter()
@@ -184,7 +203,10 @@ pub(crate) fn parse_acquired(reply: Value) -> RedisResult<Acquired> {
                         ))),
                     })
                     .collect::<RedisResult<_>>()?;
-                Acquired::Yes { fences }
+                Acquired::Yes {
+                    fences,
+                    fresh: tag == b"fences",
+                }
             }
             [_, key, kind] => Acquired::WrongType {
                 key: redis::from_redis_value_ref(key)?,
@@ -211,6 +233,9 @@ pub(crate) struct Attempt<'a> {
     pub(crate) fencing: bool,
     /// The locker's prefix, put before each fencing counter too.
     pub(crate) prefix: &'a str,
+    /// Whether the token is the caller's own: then the keys may already hold this value
+    /// from an earlier acquisition, and a failed attempt must not delete them blindly.
+    pub(crate) fixed_token: bool,
 }
 
 /// One lock for [`refresh`]: its keys, its value and the TTL to set.

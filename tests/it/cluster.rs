@@ -231,6 +231,16 @@ fn across_slots_fences_come_in_key_order_and_a_lost_part_loses_the_lock() {
         Err(Error::LockLost)
     ));
     assert!(guard.is_lost());
+    // And losing the highest slot's part ("a") loses a lock as well.
+    let guard = locker
+        .lock_with(&["a", "b", "c"], LockOptions::default().across_slots(true))
+        .unwrap();
+    let owner = cluster.owner_of(RedisCluster::slot("a"));
+    let _: u64 = cluster.query(owner, redis::cmd("DEL").arg("a"));
+    assert!(matches!(
+        guard.refresh(Duration::from_secs(5)),
+        Err(Error::LockLost)
+    ));
 }
 
 #[test]
@@ -265,4 +275,24 @@ fn a_frozen_master_does_not_stop_the_refresh_of_locks_on_the_others() {
     assert!(on_frozen.is_lost(), "unknown until its TTL ran out");
     cluster.resume(frozen);
     on_healthy.release().unwrap();
+}
+
+#[test]
+fn a_multi_key_lock_waits_while_its_slot_is_being_moved() {
+    let cluster = RedisCluster::start();
+    let locker = cluster_locker(&cluster);
+    let keys = ["{mig}:a", "{mig}:b"];
+    let slot = RedisCluster::slot(keys[0]);
+    // While the slot is half-moved, a request for two keys that the new master does not
+    // have yet (both do not exist) gets TRYAGAIN there.
+    let to = (cluster.owner_of(slot) + 1) % 3;
+    let from = cluster.begin_migration(slot, to).expect("a slot to move");
+    let patient = LockOptions::default()
+        .retry(Retry::linear(Duration::from_millis(20)))
+        .timeout(Duration::from_secs(10));
+    let waiting = thread::spawn(move || locker.lock_with(&keys, patient).map(drop));
+    thread::sleep(Duration::from_millis(300));
+    assert!(!waiting.is_finished(), "waits while the slot moves");
+    cluster.finish_migration(slot, from, to);
+    waiting.join().unwrap().unwrap();
 }

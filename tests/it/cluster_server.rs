@@ -181,15 +181,33 @@ impl RedisCluster {
     /// node `to`, the way `redis-cli --cluster reshard` does, and waits until all three
     /// nodes agree. A client that still sends the slot to the old owner gets MOVED.
     pub fn migrate_slot(&self, slot: u16, to: usize) {
+        if let Some(from) = self.begin_migration(slot, to) {
+            self.finish_migration(slot, from, to);
+        }
+    }
+
+    /// The first half of [`migrate_slot`](Self::migrate_slot): the slot is IMPORTING on
+    /// `to` and MIGRATING on its owner, whose index this returns (`None` when `to` already
+    /// owns it). Until [`finish_migration`](Self::finish_migration), clients get ASK or
+    /// TRYAGAIN for its keys.
+    pub fn begin_migration(&self, slot: u16, to: usize) -> Option<usize> {
         let from = self.owner_of(slot);
         if from == to {
-            return;
+            return None;
         }
-        let setslot = |node: usize, state: &str, id: &str| {
-            self.query::<()>(node, &cmd("CLUSTER", ("SETSLOT", slot, state, id)))
-        };
-        setslot(to, "IMPORTING", &self.ids[from]);
-        setslot(from, "MIGRATING", &self.ids[to]);
+        self.query::<()>(
+            to,
+            &cmd("CLUSTER", ("SETSLOT", slot, "IMPORTING", &self.ids[from])),
+        );
+        self.query::<()>(
+            from,
+            &cmd("CLUSTER", ("SETSLOT", slot, "MIGRATING", &self.ids[to])),
+        );
+        Some(from)
+    }
+
+    /// Moves the slot's keys from `from` to `to` and makes `to` its owner everywhere.
+    pub fn finish_migration(&self, slot: u16, from: usize, to: usize) {
         loop {
             let keys: Vec<Vec<u8>> =
                 self.query(from, &cmd("CLUSTER", ("GETKEYSINSLOT", slot, 100)));
@@ -203,7 +221,10 @@ impl RedisCluster {
             );
         }
         for node in [to, from, 3 - to - from] {
-            setslot(node, "NODE", &self.ids[to]);
+            self.query::<()>(
+                node,
+                &cmd("CLUSTER", ("SETSLOT", slot, "NODE", &self.ids[to])),
+            );
         }
         let agreed = poll(Duration::from_secs(10), || {
             (0..3).all(|node| self.owner_seen_by(node, slot) == Some(to))

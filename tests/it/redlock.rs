@@ -134,7 +134,10 @@ fn three_nodes_killed_gives_not_obtained_at_once() {
         );
     }
     let once = locker.try_lock(&["other"]);
-    assert!(matches!(once, Err(Error::Redis(_))), "not 'held elsewhere': {once:?}");
+    assert!(
+        matches!(once, Err(Error::Redis(_))),
+        "not 'held elsewhere': {once:?}"
+    );
     assert!(held.refresh(Duration::from_secs(10)).is_err());
     assert!(held.ttl().is_err());
     let started = Instant::now();
@@ -337,11 +340,13 @@ fn bad_quorum_settings_are_refused_before_locking() {
         Locker::builder().build_redlock(&twice),
         Err(Error::InvalidInput(_))
     ));
-    let zero = Locker::builder().node_timeout(Duration::ZERO);
-    assert!(matches!(
-        zero.build_redlock(&urls),
-        Err(Error::InvalidInput(_))
-    ));
+    for timeout in [Duration::ZERO, Duration::MAX] {
+        let bad = Locker::builder().node_timeout(timeout);
+        assert!(matches!(
+            bad.build_redlock(&urls),
+            Err(Error::InvalidInput(_))
+        ));
+    }
     let locker = redlock(&urls);
     let fenced = locker.lock_with(&["k"], LockOptions::default().fencing(true));
     assert!(matches!(fenced, Err(Error::InvalidInput(_))), "{fenced:?}");
@@ -414,7 +419,11 @@ fn an_acquire_whose_replies_came_too_late_is_taken_back_everywhere() {
     let servers = five();
     let urls = urls(&servers);
     let locker = redlock(&urls);
-    drop(locker.lock(&["warm"]).unwrap()); // connections made, scripts loaded
+    drop(locker.lock(&["warm"]).unwrap()); // connections made
+    for server in &servers {
+        // Servers that do not know the release script: the take-back must not need it.
+        let _: () = server.query(&["SCRIPT", "FLUSH"]);
+    }
     for server in &servers[..3] {
         server.pause();
     }
@@ -503,4 +512,134 @@ fn a_ttl_too_short_for_the_node_timeout_is_refused() {
         LockOptions::default().ttl(Duration::from_millis(500)),
     );
     assert!(enough.is_ok());
+}
+
+#[test]
+fn a_failed_re_obtain_with_a_fixed_token_leaves_the_owners_lock_alone() {
+    let servers = five();
+    let urls = urls(&servers);
+    let (owner, other) = (redlock(&urls), redlock(&urls));
+    let fixed = || LockOptions::default().token("owner-7").auto_refresh(false);
+    let held = owner.lock_with(&["k"], fixed()).unwrap();
+    for server in &servers[2..] {
+        server.pause();
+    }
+    let again = owner.lock_with(&["k"], fixed().retry(Retry::none()));
+    assert!(again.is_err(), "two nodes are not a majority");
+    for server in &servers[2..] {
+        server.resume();
+    }
+    // Nothing took the owner's keys away: not the take-back, not an undo on the nodes
+    // that were frozen.
+    thread::sleep(NODE_TIMEOUT);
+    assert!(
+        values(&servers, "k")
+            .iter()
+            .all(|v| v.as_deref() == Some("owner-7"))
+    );
+    assert!(other.try_lock(&["k"]).unwrap().is_none());
+    assert!(!held.is_lost());
+}
+
+#[test]
+fn threads_sharing_busy_pools_all_get_their_locks() {
+    let servers = five();
+    let locker = Locker::builder()
+        .pool_size(2)
+        .node_timeout(NODE_TIMEOUT)
+        .build_redlock(&urls(&servers))
+        .unwrap();
+    let slowest = thread::scope(|s| {
+        let threads: Vec<_> = (0..8)
+            .map(|t| {
+                let locker = &locker;
+                s.spawn(move || {
+                    let mut slowest = Duration::ZERO;
+                    for i in 0..40 {
+                        let started = Instant::now();
+                        let key = format!("t{t}:{i}");
+                        locker.lock(&[key.as_str()]).unwrap().release().unwrap();
+                        slowest = slowest.max(started.elapsed());
+                    }
+                    slowest
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .max()
+            .unwrap()
+    });
+    assert!(
+        slowest < NODE_TIMEOUT,
+        "slowest lock + release: {slowest:?}"
+    );
+    for server in &servers {
+        assert_eq!(server.query::<u64>(&["DBSIZE"]), 0, "no key left behind");
+    }
+}
+
+#[test]
+fn waiter_is_woken_even_when_the_node_it_listens_on_never_had_the_lock() {
+    let servers = five();
+    let locker = redlock(&urls(&servers));
+    let holder = locker.lock(&["k"]).unwrap();
+    let _: u64 = servers[4].query(&["DEL", "k"]); // the node the locker listens on
+    let waiting = {
+        let locker = locker.clone();
+        thread::spawn(move || {
+            let slow = LockOptions::default()
+                .retry(Retry::linear(Duration::from_secs(10)))
+                .timeout(Duration::from_secs(30));
+            (locker.lock_with(&["k"], slow).map(drop), Instant::now())
+        })
+    };
+    eventually(Duration::from_secs(5), "the waiter subscribes", || {
+        servers[4].subscribers("redguard:released:k") == 1
+    });
+    thread::sleep(Duration::from_millis(50)); // let it make its attempt after that
+    let released = Instant::now();
+    holder.release().unwrap();
+    let (got, at) = waiting.join().unwrap();
+    got.unwrap();
+    assert!(
+        at - released < Duration::from_secs(1),
+        "{:?}",
+        at - released
+    );
+}
+
+#[test]
+fn a_lock_is_not_given_up_while_the_silent_nodes_could_still_hold_it() {
+    let mut servers = five();
+    let locker = redlock(&urls(&servers));
+    let guard = locker
+        .lock_with(&["k"], LockOptions::default().auto_refresh(false))
+        .unwrap();
+    servers[0].pause();
+    servers[1].pause();
+    servers[2].kill();
+    servers[2].restart(); // empty: the key is gone there
+    // Two of the three that answer hold it; the two silent ones may too.
+    let refreshed = guard.refresh(Duration::from_secs(30));
+    assert!(matches!(refreshed, Err(Error::Redis(_))), "{refreshed:?}");
+    assert!(guard.ttl().is_err());
+    assert!(!guard.is_lost());
+    servers[0].resume();
+    servers[1].resume();
+    eventually(
+        Duration::from_secs(3),
+        "refreshed once the nodes answer",
+        || guard.refresh(Duration::from_secs(30)).is_ok(),
+    );
+    // Deleted on three nodes: now lost for certain.
+    for server in &servers[..3] {
+        let _: u64 = server.query(&["DEL", "k"]);
+    }
+    // (Once the restarted node answers again: until then it might still hold it.)
+    eventually(Duration::from_secs(3), "refresh reports the lock lost", || {
+        matches!(guard.refresh(Duration::from_secs(30)), Err(Error::LockLost))
+    });
+    assert!(matches!(guard.release(), Err(Error::LockLost)));
 }
