@@ -7,14 +7,16 @@
 //! in ascending slot order, and what was taken is taken back when a slot is held
 //! elsewhere: all-or-nothing in effect, but not atomic.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use redis::cluster::{ClusterClient, ClusterConnection};
-use redis::{ConnectionLike, ErrorKind, RedisError, RedisResult, ServerErrorKind};
+use redis::{ConnectionLike, ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
 
 use crate::backend::Refreshed;
 use crate::fence::fence_key;
+use crate::masters::Masters;
 use crate::pool::Bounds;
 use crate::scripts::{self, Acquired, Attempt, Refresh};
 use crate::slot::{by_slot, slot};
@@ -23,6 +25,9 @@ use crate::{Error, LockOptions, Result};
 /// A pool of cluster connections (each one a connection to every master).
 pub(crate) struct ClusterPool {
     pool: r2d2::Pool<ClusterConnector>,
+    masters: Mutex<Masters>,
+    /// Masters whose refresh failed in the last round: asked last in the next one.
+    suspects: Mutex<HashSet<String>>,
 }
 
 /// Makes cluster connections for the pool, and throws away those that failed mid-request.
@@ -63,7 +68,23 @@ impl ClusterPool {
             .test_on_check_out(false)
             .connection_timeout(bounds.checkout)
             .build(ClusterConnector { client })?;
-        Ok(ClusterPool { pool })
+        let cluster = ClusterPool {
+            pool,
+            masters: Mutex::default(),
+            suspects: Mutex::default(),
+        };
+        cluster.ask_for_masters();
+        Ok(cluster)
+    }
+
+    /// Asks for the slot map again (best effort: a failure keeps the old one).
+    fn ask_for_masters(&self) {
+        let reply = self.run(|con| redis::cmd("CLUSTER").arg("SLOTS").query::<Value>(con));
+        let mut masters = self.masters.lock();
+        match reply {
+            Ok(reply) => *masters = Masters::parse(&reply),
+            Err(_) => masters.touched(),
+        }
     }
 
     /// Runs one request on a pooled connection. A connection whose request failed other
@@ -133,42 +154,56 @@ impl ClusterPool {
 
     /// Refreshes a batch with one script call per slot its locks use, one slot after
     /// another; a lock is held when every part of it was, since its earliest part was
-    /// sent. A slot whose master fails makes its locks unknown without stopping the
-    /// others; an error only when no slot could be asked at all.
+    /// sent. Once a slot's request fails, the other slots of its master are not asked in
+    /// this round, and masters that failed last round are asked after the others: so a
+    /// frozen master costs a round one timeout, and does not hold up the other masters'
+    /// locks. Their locks are unknown (retried); an error only when nothing was answered.
     pub(crate) fn refresh(&self, locks: &[Refresh<'_>]) -> Result<Vec<Refreshed>> {
+        if self.masters.lock().is_stale() {
+            self.ask_for_masters();
+        }
         let mut parts: BTreeMap<u16, Vec<(usize, Vec<String>)>> = BTreeMap::new();
         for (i, lock) in locks.iter().enumerate() {
             for (slot, keys) in by_slot(lock.keys) {
                 parts.entry(slot).or_default().push((i, keys));
             }
         }
+        let mut parts: Vec<(Option<String>, Vec<(usize, Vec<String>)>)> = {
+            let masters = self.masters.lock();
+            parts
+                .into_iter()
+                .map(|(slot, part)| (masters.of(slot).map(str::to_string), part))
+                .collect()
+        };
+        let suspects = std::mem::take(&mut *self.suspects.lock());
+        parts.sort_by_key(|(master, _)| master.as_ref().is_some_and(|m| suspects.contains(m)));
+        let mut failed: HashSet<String> = HashSet::new();
         // Per lock: `None` until a part is answered.
         let mut found: Vec<Option<Refreshed>> = vec![None; locks.len()];
         let mut failure = None;
         let mut answered = parts.is_empty();
-        for part in parts.values() {
-            let batch: Vec<Refresh<'_>> = part
-                .iter()
-                .map(|(i, keys)| Refresh {
-                    keys,
-                    value: locks[*i].value,
-                    ttl_ms: locks[*i].ttl_ms,
-                })
-                .collect();
-            let sent_at = Instant::now();
-            // Safe to repeat: setting the same TTL twice is the same as once.
-            let refreshed = self.run(|con| scripts::refresh(con, &batch));
-            answered |= refreshed.is_ok();
+        for (master, part) in &parts {
+            let refreshed = match master {
+                Some(master) if failed.contains(master) => Err(skipped()),
+                _ => self.refresh_part(locks, part),
+            };
+            match &refreshed {
+                Ok(_) => answered = true,
+                Err(Error::Redis(e)) if matches!(e.kind(), ErrorKind::Server(_)) => {}
+                Err(_) => failed.extend(master.clone()),
+            }
             for (n, (i, _)) in part.iter().enumerate() {
                 let this = match &refreshed {
-                    Ok(held) if held.get(n) == Some(&true) => Refreshed::Held { sent_at },
+                    Ok((held, sent_at)) if held.get(n) == Some(&true) => {
+                        Refreshed::Held { sent_at: *sent_at }
+                    }
                     Ok(_) => Refreshed::Lost,
                     Err(_) => Refreshed::Unknown,
                 };
                 found[*i] = Some(match (found[*i], this) {
                     (None, this) => this,
                     // Lost if any part is, else unknown if any part is; else held since
-                    // its earliest part was sent (parts go out in order).
+                    // its earliest part was sent.
                     (Some(Refreshed::Lost), _) | (_, Refreshed::Lost) => Refreshed::Lost,
                     (Some(Refreshed::Unknown), _) | (_, Refreshed::Unknown) => Refreshed::Unknown,
                     (Some(earlier), Refreshed::Held { .. }) => earlier,
@@ -178,6 +213,7 @@ impl ClusterPool {
                 failure = Some(e);
             }
         }
+        *self.suspects.lock() = failed;
         match failure {
             Some(e) if !answered => Err(e),
             _ => Ok(found
@@ -185,6 +221,27 @@ impl ClusterPool {
                 .map(|found| found.unwrap_or(Refreshed::Unknown))
                 .collect()),
         }
+    }
+
+    /// One slot's part of a refresh round: whether each lock's part is held, and when the
+    /// request was sent.
+    fn refresh_part(
+        &self,
+        locks: &[Refresh<'_>],
+        part: &[(usize, Vec<String>)],
+    ) -> Result<(Vec<bool>, Instant)> {
+        let batch: Vec<Refresh<'_>> = part
+            .iter()
+            .map(|(i, keys)| Refresh {
+                keys,
+                value: locks[*i].value,
+                ttl_ms: locks[*i].ttl_ms,
+            })
+            .collect();
+        let sent_at = Instant::now();
+        // Safe to repeat: setting the same TTL twice is the same as once.
+        let held = self.run(|con| scripts::refresh(con, &batch))?;
+        Ok((held, sent_at))
     }
 
     /// Releases every slot's part; `false` when some part was no longer held.
@@ -209,6 +266,14 @@ impl ClusterPool {
         }
         Ok(shortest)
     }
+}
+
+/// A part of a refresh round not sent, as its master had just failed.
+fn skipped() -> Error {
+    Error::Redis(RedisError::from((
+        ErrorKind::Io,
+        "not asked: another slot of the same master failed in this round",
+    )))
 }
 
 /// A slot being moved (TRYAGAIN: a multi-key request while its keys are split between

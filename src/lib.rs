@@ -61,6 +61,7 @@ mod fence;
 mod guard;
 mod held;
 mod locker;
+mod masters;
 mod options;
 mod pool;
 mod quorum;

@@ -252,27 +252,41 @@ fn a_frozen_master_does_not_stop_the_refresh_of_locks_on_the_others() {
         .connect_timeout(Duration::from_millis(200))
         .build_cluster(&cluster.urls())
         .expect("connect to the test's cluster");
-    // Two keys on different masters; the frozen one holds the lower slot, so its part of
-    // each refresh batch is tried first.
-    let mut keys: Vec<String> = (0..200).map(|i| format!("key{i}")).collect();
+    // Six keys on the master to freeze, in slots below a key on another master: each
+    // refresh round reaches the frozen master's slots first.
+    let mut keys: Vec<String> = (0..400).map(|i| format!("key{i}")).collect();
     keys.sort_by_key(|key| RedisCluster::slot(key));
-    let frozen_key = keys[0].clone();
-    let frozen = cluster.owner_of(RedisCluster::slot(&frozen_key));
+    let frozen = cluster.owner_of(RedisCluster::slot(&keys[0]));
+    let on_frozen_master: Vec<&String> = keys
+        .iter()
+        .filter(|key| cluster.owner_of(RedisCluster::slot(key)) == frozen)
+        .take(6)
+        .collect();
+    let last_slot = RedisCluster::slot(on_frozen_master[5]);
     let healthy_key = keys
         .iter()
-        .find(|key| cluster.owner_of(RedisCluster::slot(key)) != frozen)
-        .unwrap()
+        .find(|key| {
+            RedisCluster::slot(key) > last_slot
+                && cluster.owner_of(RedisCluster::slot(key)) != frozen
+        })
+        .expect("a key on another master in a higher slot")
         .clone();
     let healthy = cluster.owner_of(RedisCluster::slot(&healthy_key));
-    let ttl = LockOptions::default().ttl(Duration::from_millis(2000));
-    let on_frozen = locker.lock_with(&[&frozen_key], ttl.clone()).unwrap();
+    let ttl = LockOptions::default().ttl(Duration::from_millis(3000));
+    let on_frozen: Vec<_> = on_frozen_master
+        .iter()
+        .map(|key| locker.lock_with(&[key.as_str()], ttl.clone()).unwrap())
+        .collect();
     let on_healthy = locker.lock_with(&[&healthy_key], ttl).unwrap();
     cluster.pause(frozen);
-    thread::sleep(Duration::from_millis(5000));
+    thread::sleep(Duration::from_millis(6000));
     assert!(!on_healthy.is_lost(), "refreshed all along");
     let pttl: i64 = cluster.query(healthy, redis::cmd("PTTL").arg(&healthy_key));
     assert!(pttl > 0, "still held on its master: {pttl}");
-    assert!(on_frozen.is_lost(), "unknown until its TTL ran out");
+    assert!(
+        on_frozen.iter().all(|guard| guard.is_lost()),
+        "unknown until their TTL ran out"
+    );
     cluster.resume(frozen);
     on_healthy.release().unwrap();
 }

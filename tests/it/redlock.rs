@@ -638,8 +638,10 @@ fn a_lock_is_not_given_up_while_the_silent_nodes_could_still_hold_it() {
         let _: u64 = server.query(&["DEL", "k"]);
     }
     // (Once the restarted node answers again: until then it might still hold it.)
-    eventually(Duration::from_secs(3), "refresh reports the lock lost", || {
-        matches!(guard.refresh(Duration::from_secs(30)), Err(Error::LockLost))
-    });
+    eventually(
+        Duration::from_secs(3),
+        "refresh reports the lock lost",
+        || matches!(guard.refresh(Duration::from_secs(30)), Err(Error::LockLost)),
+    );
     assert!(matches!(guard.release(), Err(Error::LockLost)));
 }

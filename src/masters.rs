@@ -1,0 +1,100 @@
+//! Which master serves each hash slot, as a cluster last said (`CLUSTER SLOTS`): so that
+//! a refresh round skips a master's other slots once one of them timed out, and asks the
+//! masters that failed last time after the others.
+
+use std::time::{Duration, Instant};
+
+use redis::Value;
+
+/// How old the map may get before a refresh round asks again.
+pub(crate) const STALE: Duration = Duration::from_secs(10);
+
+#[derive(Default)]
+pub(crate) struct Masters {
+    /// First slot, last slot, master address (`host:port`).
+    ranges: Vec<(u16, u16, String)>,
+    fetched: Option<Instant>,
+}
+
+impl Masters {
+    /// The map from a `CLUSTER SLOTS` reply; empty when the reply has another shape.
+    pub(crate) fn parse(reply: &Value) -> Masters {
+        let mut ranges = Vec::new();
+        if let Value::Array(entries) = reply {
+            for entry in entries {
+                if let Value::Array(fields) = entry
+                    && let [
+                        Value::Int(first),
+                        Value::Int(last),
+                        Value::Array(master),
+                        ..,
+                    ] = fields.as_slice()
+                    && let [Value::BulkString(host), Value::Int(port), ..] = master.as_slice()
+                    && let (Ok(first), Ok(last)) = (u16::try_from(*first), u16::try_from(*last))
+                {
+                    let host = String::from_utf8_lossy(host);
+                    ranges.push((first, last, format!("{host}:{port}")));
+                }
+            }
+        }
+        Masters {
+            ranges,
+            fetched: Some(Instant::now()),
+        }
+    }
+
+    /// Whether a round should ask for the map again.
+    pub(crate) fn is_stale(&self) -> bool {
+        self.fetched.is_none_or(|at| at.elapsed() >= STALE)
+    }
+
+    /// Marks the map as just asked for, when asking failed: try again after [`STALE`].
+    pub(crate) fn touched(&mut self) {
+        self.fetched = Some(Instant::now());
+    }
+
+    /// The master of `slot`, if the map knows it.
+    pub(crate) fn of(&self, slot: u16) -> Option<&str> {
+        self.ranges
+            .iter()
+            .find(|(first, last, _)| (*first..=*last).contains(&slot))
+            .map(|(_, _, master)| master.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(host: &str, port: i64) -> Value {
+        Value::Array(vec![
+            Value::BulkString(host.as_bytes().to_vec()),
+            Value::Int(port),
+            Value::BulkString(b"id".to_vec()),
+        ])
+    }
+
+    #[test]
+    fn slots_map_to_their_master() {
+        let reply = Value::Array(vec![
+            Value::Array(vec![
+                Value::Int(0),
+                Value::Int(5460),
+                node("127.0.0.1", 7000),
+            ]),
+            Value::Array(vec![
+                Value::Int(5461),
+                Value::Int(16383),
+                node("127.0.0.1", 7001),
+                node("127.0.0.1", 7004),
+            ]),
+        ]);
+        let masters = Masters::parse(&reply);
+        assert_eq!(masters.of(0), Some("127.0.0.1:7000"));
+        assert_eq!(masters.of(5460), Some("127.0.0.1:7000"));
+        assert_eq!(masters.of(5461), Some("127.0.0.1:7001"));
+        assert!(!masters.is_stale());
+        assert!(Masters::default().is_stale());
+        assert_eq!(Masters::parse(&Value::Nil).of(1), None);
+    }
+}
