@@ -162,13 +162,14 @@ impl ClusterPool {
         if self.masters.lock().is_stale() {
             self.ask_for_masters();
         }
-        let mut parts: BTreeMap<u16, Vec<(usize, Vec<String>)>> = BTreeMap::new();
+        let mut parts: BTreeMap<u16, Part> = BTreeMap::new();
         for (i, lock) in locks.iter().enumerate() {
             for (slot, keys) in by_slot(lock.keys) {
                 parts.entry(slot).or_default().push((i, keys));
             }
         }
-        let mut parts: Vec<(Option<String>, Vec<(usize, Vec<String>)>)> = {
+        // With each slot's master, as far as the map knows it.
+        let mut parts: Vec<(Option<String>, Part)> = {
             let masters = self.masters.lock();
             parts
                 .into_iter()
@@ -225,11 +226,7 @@ impl ClusterPool {
 
     /// One slot's part of a refresh round: whether each lock's part is held, and when the
     /// request was sent.
-    fn refresh_part(
-        &self,
-        locks: &[Refresh<'_>],
-        part: &[(usize, Vec<String>)],
-    ) -> Result<(Vec<bool>, Instant)> {
+    fn refresh_part(&self, locks: &[Refresh<'_>], part: &Part) -> Result<(Vec<bool>, Instant)> {
         let batch: Vec<Refresh<'_>> = part
             .iter()
             .map(|(i, keys)| Refresh {
@@ -267,6 +264,10 @@ impl ClusterPool {
         Ok(shortest)
     }
 }
+
+/// One slot's part of a refresh round: for each lock with keys in the slot, its index in
+/// the batch and those keys.
+type Part = Vec<(usize, Vec<String>)>;
 
 /// A part of a refresh round not sent, as its master had just failed.
 fn skipped() -> Error {
