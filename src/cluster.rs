@@ -159,9 +159,6 @@ impl ClusterPool {
     /// frozen master costs a round one timeout, and does not hold up the other masters'
     /// locks. Their locks are unknown (retried); an error only when nothing was answered.
     pub(crate) fn refresh(&self, locks: &[Refresh<'_>]) -> Result<Vec<Refreshed>> {
-        if self.masters.lock().is_stale() {
-            self.ask_for_masters();
-        }
         let mut parts: BTreeMap<u16, Part> = BTreeMap::new();
         for (i, lock) in locks.iter().enumerate() {
             for (slot, keys) in by_slot(lock.keys) {
@@ -190,8 +187,11 @@ impl ClusterPool {
             };
             match &refreshed {
                 Ok(_) => answered = true,
-                Err(Error::Redis(e)) if matches!(e.kind(), ErrorKind::Server(_)) => {}
-                Err(_) => failed.extend(master.clone()),
+                // The master did not answer (not a refusal, not a busy pool).
+                Err(Error::Redis(e)) if !matches!(e.kind(), ErrorKind::Server(_)) => {
+                    failed.extend(master.clone());
+                }
+                Err(_) => {}
             }
             for (n, (i, _)) in part.iter().enumerate() {
                 let this = match &refreshed {
@@ -211,10 +211,16 @@ impl ClusterPool {
                 });
             }
             if let Err(e) = refreshed {
-                failure = Some(e);
+                // The first failure: later ones may just be skipped parts.
+                failure.get_or_insert(e);
             }
         }
         *self.suspects.lock() = failed;
+        // After the round, so that asking (a random node, maybe the frozen one) never
+        // delays the refreshes themselves.
+        if self.masters.lock().is_stale() {
+            self.ask_for_masters();
+        }
         match failure {
             Some(e) if !answered => Err(e),
             _ => Ok(found
@@ -278,16 +284,11 @@ fn skipped() -> Error {
 }
 
 /// A slot being moved (TRYAGAIN: a multi-key request while its keys are split between
-/// two masters) or a cluster down for a moment: nothing ran, so wait and try again, as
-/// for a lock held elsewhere.
+/// two masters): nothing ran, so wait and try again, as for a lock held elsewhere. (A
+/// cluster that is down stays an error: `try_lock`'s `None` means held elsewhere.)
 fn moving(outcome: Result<Acquired>) -> Result<Acquired> {
     match outcome {
-        Err(Error::Redis(e))
-            if matches!(
-                e.kind(),
-                ErrorKind::Server(ServerErrorKind::TryAgain | ServerErrorKind::ClusterDown)
-            ) =>
-        {
+        Err(Error::Redis(e)) if e.kind() == ErrorKind::Server(ServerErrorKind::TryAgain) => {
             Ok(Acquired::HeldElsewhere)
         }
         other => other,

@@ -11,7 +11,8 @@ pub(crate) const STALE: Duration = Duration::from_secs(10);
 
 #[derive(Default)]
 pub(crate) struct Masters {
-    /// First slot, last slot, master address (`host:port`).
+    /// First slot, last slot, master (its node id, else `host:port`: a cluster may
+    /// announce no usable host, `?`, for several masters).
     ranges: Vec<(u16, u16, String)>,
     fetched: Option<Instant>,
 }
@@ -29,11 +30,16 @@ impl Masters {
                         Value::Array(master),
                         ..,
                     ] = fields.as_slice()
-                    && let [Value::BulkString(host), Value::Int(port), ..] = master.as_slice()
                     && let (Ok(first), Ok(last)) = (u16::try_from(*first), u16::try_from(*last))
                 {
-                    let host = String::from_utf8_lossy(host);
-                    ranges.push((first, last, format!("{host}:{port}")));
+                    let name = match master.as_slice() {
+                        [_, _, Value::BulkString(id), ..] => String::from_utf8_lossy(id).into(),
+                        [Value::BulkString(host), Value::Int(port), ..] => {
+                            format!("{}:{port}", String::from_utf8_lossy(host))
+                        }
+                        _ => continue,
+                    };
+                    ranges.push((first, last, name));
                 }
             }
         }
@@ -66,33 +72,43 @@ impl Masters {
 mod tests {
     use super::*;
 
-    fn node(host: &str, port: i64) -> Value {
+    fn node(host: &str, port: i64, id: &str) -> Value {
         Value::Array(vec![
             Value::BulkString(host.as_bytes().to_vec()),
             Value::Int(port),
-            Value::BulkString(b"id".to_vec()),
+            Value::BulkString(id.as_bytes().to_vec()),
         ])
     }
 
     #[test]
     fn slots_map_to_their_master() {
         let reply = Value::Array(vec![
-            Value::Array(vec![
-                Value::Int(0),
-                Value::Int(5460),
-                node("127.0.0.1", 7000),
-            ]),
+            Value::Array(vec![Value::Int(0), Value::Int(5460), node("?", 6379, "a")]),
             Value::Array(vec![
                 Value::Int(5461),
                 Value::Int(16383),
-                node("127.0.0.1", 7001),
-                node("127.0.0.1", 7004),
+                node("?", 6379, "b"),
+                node("?", 6379, "c"),
+            ]),
+            // An old server without ids: named by address.
+            Value::Array(vec![
+                Value::Int(20000),
+                Value::Int(20001),
+                Value::Array(vec![
+                    Value::BulkString(b"10.0.0.1".to_vec()),
+                    Value::Int(7000),
+                ]),
             ]),
         ]);
         let masters = Masters::parse(&reply);
-        assert_eq!(masters.of(0), Some("127.0.0.1:7000"));
-        assert_eq!(masters.of(5460), Some("127.0.0.1:7000"));
-        assert_eq!(masters.of(5461), Some("127.0.0.1:7001"));
+        assert_eq!(masters.of(0), Some("a"));
+        assert_eq!(masters.of(5460), Some("a"));
+        assert_eq!(
+            masters.of(5461),
+            Some("b"),
+            "told apart by id, not by '?:6379'"
+        );
+        assert_eq!(masters.of(20000), Some("10.0.0.1:7000"));
         assert!(!masters.is_stale());
         assert!(Masters::default().is_stale());
         assert_eq!(Masters::parse(&Value::Nil).of(1), None);

@@ -65,6 +65,7 @@ fn decide(tally: Tally, majority: usize, in_time: bool) -> Result<Acquired> {
         wrong_type,
     } = tally;
     if taken >= majority && in_time {
+        // `fresh` is not used after a quorum vote: the take-back looks at each node.
         return Ok(Acquired::Yes {
             fences: Vec::new(),
             fresh: true,
@@ -254,10 +255,11 @@ impl Quorum {
     /// was not asked, failed, or did not answer in time. `undo` is written after `call` on
     /// the connection of a node whose reply did not come in time.
     ///
-    /// Connections are taken first, node after node, each waited for until the deadline:
-    /// a thread never holds a node's connection while waiting for an earlier node's, so
-    /// threads sharing busy pools cannot hold each other up in a circle. While fewer than
-    /// a majority of nodes are awake, resting ones are asked too.
+    /// Requests are written node after node, each as soon as its connection is there
+    /// (waited for until the deadline): a thread never holds a node's connection while
+    /// waiting for an earlier node's, so threads sharing busy pools cannot hold each other
+    /// up in a circle. While fewer than a majority of nodes are awake, resting ones are
+    /// asked too.
     ///
     /// A node back from a rest is on probation: it only gets a connection its pool has
     /// ready, its reply is read last and waited for only about as long as the others
@@ -281,27 +283,36 @@ impl Quorum {
             .collect();
         let awake = resting.iter().filter(|&&resting| !resting).count();
         let probation: Vec<bool> = self.nodes.iter().map(Node::on_probation).collect();
-        let mut cons: Vec<Option<Result<Conn>>> = (0..count)
-            .map(|i| match asked(i) {
-                false => None,
-                true if resting[i] && awake >= self.majority() => Some(Err(not_asked())),
-                true => Some(self.nodes[i].checkout(deadline, probation[i])),
-            })
-            .collect();
         let packed = call.packed();
-        for (con, node) in cons.iter_mut().zip(&self.nodes) {
-            if let Some(Ok(open)) = con
-                && let Err(e) = node.write(open, &packed)
-            {
-                *con = Some(Err(e));
-            }
-        }
+        // Each request written as soon as its connection is there.
+        let mut sent: Vec<Option<Result<(Conn, bool)>>> =
+            (0..count)
+                .map(|i| match asked(i) {
+                    false => None,
+                    true if resting[i] && awake >= self.majority() => Some(Err(not_asked())),
+                    true => Some(self.nodes[i].checkout(deadline, probation[i]).and_then(
+                        |mut con| {
+                            self.nodes[i].write(&mut con, &packed)?;
+                            // Written with less than half the time left (a busy pool before it):
+                            // a timeout is then not the node's fault.
+                            Ok((con, left(deadline) < self.timeout / 2))
+                        },
+                    )),
+                })
+                .collect();
         let mut replies: Vec<Result<Value>> = (0..count).map(|_| Err(not_asked())).collect();
         let mut read = |i: usize, by: Instant| {
-            if let Some(con) = cons[i].take() {
+            if let Some(con) = sent[i].take() {
                 let node = &self.nodes[i];
-                replies[i] = con.and_then(|mut con| {
-                    node.receive(&mut con, call, undo, started, by, self.timeout)
+                replies[i] = con.and_then(|(mut con, late)| {
+                    let read = Read {
+                        call,
+                        undo,
+                        started,
+                        by,
+                        late,
+                    };
+                    node.receive(&mut con, &read, self.timeout)
                 });
             }
         };
@@ -325,6 +336,21 @@ impl Quorum {
         }
         replies
     }
+}
+
+/// How to read one node's reply in a fan-out.
+#[derive(Clone, Copy)]
+struct Read<'a> {
+    call: &'a Call,
+    /// Written after the request when the reply does not come in time.
+    undo: Option<&'a [u8]>,
+    /// When the fan-out started (the node's reply time counts from then).
+    started: Instant,
+    /// The latest the reply is waited for.
+    by: Instant,
+    /// The request went out with less than half the time left: a timeout is then not
+    /// the node's fault.
+    late: bool,
 }
 
 /// The error of a lock whose state the nodes that answered cannot settle.
@@ -374,21 +400,20 @@ impl Node {
         Ok(())
     }
 
-    /// Reads the reply to what was sent at `started`, by `deadline`. Connections keep the
-    /// node timeout as their read timeout; only when less than half of it is left (an
-    /// earlier node was slow, or this one is on probation) is the read bounded more
-    /// tightly, and the timeout then put back: so the usual reply costs no extra system
-    /// call, and a fan-out ends within one and a half node timeouts (plus, on a node that
-    /// answers NOSCRIPT after a restart, one more round trip to load the script).
-    fn receive(
-        &self,
-        con: &mut Conn,
-        call: &Call,
-        undo: Option<&[u8]>,
-        started: Instant,
-        deadline: Instant,
-        timeout: Duration,
-    ) -> Result<Value> {
+    /// Reads the reply to what was sent, by `read.by`. Connections keep the node timeout
+    /// as their read timeout; only when less than half of it is left (an earlier node was
+    /// slow, or this one is on probation) is the read bounded more tightly, and the
+    /// timeout then put back: so the usual reply costs no extra system call, and a fan-out
+    /// ends within one and a half node timeouts (plus, on a node that answers NOSCRIPT
+    /// after a restart, one more round trip to send the script).
+    fn receive(&self, con: &mut Conn, read: &Read<'_>, timeout: Duration) -> Result<Value> {
+        let Read {
+            call,
+            undo,
+            started,
+            by: deadline,
+            late,
+        } = *read;
         let reply = con.run(|con| {
             let left = left(deadline);
             let tighter = left < timeout / 2;
@@ -412,7 +437,9 @@ impl Node {
                     // has received, in order, should it wake up.
                     let _ = con.run(|con| con.send_packed_command(undo));
                 }
-                self.failed();
+                if !(late && e.is_timeout()) {
+                    self.failed();
+                }
             }
             _ => self.answered(started.elapsed()),
         }

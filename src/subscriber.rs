@@ -1,6 +1,7 @@
 //! Waiters woken by releases: one subscriber connection per locker.
 //!
-//! `lua/release.lua` publishes on `<prefix>redguard:released:<key>` for each key it deletes. One
+//! `lua/release.lua` publishes on `<prefix>redguard:released:<key>` for each key it frees
+//! (or finds already gone). One
 //! thread per locker (started with its first waiter) holds one connection subscribed to
 //! the channels of the keys its threads wait for, and counts the releases it hears. A
 //! waiter still waits at most its retry delay, but a counted release of one of its keys,
