@@ -647,3 +647,43 @@ fn a_lock_is_not_given_up_while_the_silent_nodes_could_still_hold_it() {
     );
     assert!(matches!(guard.release(), Err(Error::LockLost)));
 }
+
+#[test]
+fn a_release_still_on_its_way_to_the_other_nodes_is_caught_up_with_quickly() {
+    let servers = five();
+    let (holder, waiter) = (redlock(&urls(&servers)), redlock(&urls(&servers)));
+    let held = holder
+        .lock_with(&["k"], LockOptions::default().auto_refresh(false))
+        .unwrap();
+    let waiting = thread::spawn(move || {
+        let slow = LockOptions::default()
+            .retry(Retry::linear(Duration::from_secs(10)))
+            .timeout(Duration::from_secs(30));
+        (waiter.lock_with(&["k"], slow).map(drop), Instant::now())
+    });
+    eventually(Duration::from_secs(5), "the waiter subscribes", || {
+        servers[4].subscribers("redguard:released:k") == 1
+    });
+    thread::sleep(Duration::from_millis(50)); // its attempt after the subscription
+    // A release that has reached only the node the waiter listens on: it hears it, and
+    // its next attempt finds one node free and four still held.
+    let attempts = servers[0].evalsha_calls();
+    let _: u64 = servers[4].query(&["DEL", "k"]);
+    let _: u64 = servers[4].query(&["PUBLISH", "redguard:released:k", ""]);
+    eventually(Duration::from_secs(5), "the waiter tries again", || {
+        servers[0].evalsha_calls() > attempts
+    });
+    // Then the release reaches the others, without telling anyone.
+    let released = Instant::now();
+    for server in &servers[..4] {
+        let _: u64 = server.query(&["DEL", "k"]);
+    }
+    let (got, at) = waiting.join().unwrap();
+    got.unwrap();
+    assert!(
+        at - released < Duration::from_secs(1),
+        "{:?}",
+        at - released
+    );
+    drop(held);
+}
