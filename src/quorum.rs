@@ -132,10 +132,9 @@ impl Quorum {
     pub(crate) fn acquire(&self, attempt: &Attempt<'_>) -> Result<Acquired> {
         let started = Instant::now();
         let take_back = scripts::release_call(attempt.keys, attempt.value, "");
-        // As EVAL: the node may not have the release script yet. Not with a fixed token,
-        // whose keys may be the same owner's from before this attempt.
-        let undo = (!attempt.fixed_token).then(|| take_back.eval_packed());
-        let replies = self.fan_out(&scripts::acquire_call(attempt), None, undo.as_deref());
+        // Not with a fixed token, whose keys may be the same owner's from before.
+        let undo = (!attempt.fixed_token).then_some(&take_back);
+        let replies = self.fan_out(&scripts::acquire_call(attempt), None, undo);
         let mut tally = Tally::default();
         let mut taken = vec![false; self.nodes.len()];
         for (i, reply) in replies.into_iter().enumerate() {
@@ -270,7 +269,7 @@ impl Quorum {
         &self,
         call: &Call,
         only: Option<&[bool]>,
-        undo: Option<&[u8]>,
+        undo: Option<&Call>,
     ) -> Vec<Result<Value>> {
         let started = Instant::now();
         let deadline = started + self.timeout;
@@ -343,7 +342,7 @@ impl Quorum {
 struct Read<'a> {
     call: &'a Call,
     /// Written after the request when the reply does not come in time.
-    undo: Option<&'a [u8]>,
+    undo: Option<&'a Call>,
     /// When the fan-out started (the node's reply time counts from then).
     started: Instant,
     /// The latest the reply is waited for.
@@ -433,9 +432,10 @@ impl Node {
         match &reply {
             Err(e) if !matches!(e.kind(), ErrorKind::Server(_)) => {
                 if let Some(undo) = undo {
-                    // The connection is thrown away after this; the server runs what it
-                    // has received, in order, should it wake up.
-                    let _ = con.run(|con| con.send_packed_command(undo));
+                    // As EVAL: the node may not know the script. The connection is thrown
+                    // away after this; the server runs what it has received, in order,
+                    // should it wake up.
+                    let _ = con.run(|con| con.send_packed_command(&undo.eval_packed()));
                 }
                 if !(late && e.is_timeout()) {
                     self.failed();
