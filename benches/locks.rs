@@ -210,10 +210,10 @@ fn scaling_out(single: &Locker, span: Duration) -> String {
                 }));
             }
         }
-        let (base, base_cpu) = median_of(base);
+        let (base, base_cpu) = median_by(base, |(stats, _)| stats.rate);
         out += &scaling_row("one server", threads, &base, base_cpu, cores, None, None);
         for ((name, _, _, target), runs) in lockers.iter().zip(each) {
-            let (stats, cpu) = median_of(runs);
+            let (stats, cpu) = median_by(runs, |(stats, _)| stats.rate);
             out += &scaling_row(name, threads, &stats, cpu, cores, Some(&base), *target);
         }
     }
@@ -247,11 +247,6 @@ fn self_cpu() -> Duration {
     ticks(&std::fs::read_to_string("/proc/self/stat").unwrap_or_default())
 }
 
-fn median_of(mut runs: Vec<(Stats, Cpu)>) -> (Stats, Cpu) {
-    runs.sort_by(|a, b| a.0.rate.total_cmp(&b.0.rate));
-    runs.swap_remove(runs.len() / 2)
-}
-
 fn scaling_row(
     name: &str,
     threads: usize,
@@ -261,12 +256,7 @@ fn scaling_row(
     base: Option<&Stats>,
     target: Option<f64>,
 ) -> String {
-    let ratio = base.map(|b| stats.rate / b.rate);
-    let shown = ratio.map_or("1 (base)".to_string(), |r| format!("{r:.2}"));
-    let goal = match (ratio, target) {
-        (Some(r), Some(t)) => format!("≥ {t:.2}: {}", if r >= t { "met" } else { "MISSED" }),
-        _ => String::new(),
-    };
+    let (shown, goal) = ratio_cells(stats, base, "base", target);
     format!(
         "| {name} | {threads} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {shown} | {goal} |\n",
         stats.rate,
@@ -594,19 +584,19 @@ impl Stats {
     }
 }
 
-fn median(mut runs: Vec<Stats>) -> Stats {
-    runs.sort_by(|a, b| a.rate.total_cmp(&b.rate));
+fn median(runs: Vec<Stats>) -> Stats {
+    median_by(runs, |stats| stats.rate)
+}
+
+/// The run with the median of `rate`.
+fn median_by<T>(mut runs: Vec<T>, rate: impl Fn(&T) -> f64) -> T {
+    runs.sort_by(|a, b| rate(a).total_cmp(&rate(b)));
     runs.swap_remove(runs.len() / 2)
 }
 
 /// A table row; `target` is the least ratio to the floor that meets the goal.
 fn row(name: &str, stats: &Stats, floor: Option<&Stats>, target: Option<f64>) -> String {
-    let ratio = floor.map(|f| stats.rate / f.rate);
-    let shown = ratio.map_or("1 (floor)".to_string(), |r| format!("{r:.2}"));
-    let goal = match (ratio, target) {
-        (Some(r), Some(t)) => format!("≥ {t:.2}: {}", if r >= t { "met" } else { "MISSED" }),
-        _ => String::new(),
-    };
+    let (shown, goal) = ratio_cells(stats, floor, "floor", target);
     format!(
         "| {name} | {:.0} | {:.0} | {:.0} | {:.1} | {shown} | {goal} |",
         stats.rate,
@@ -614,6 +604,22 @@ fn row(name: &str, stats: &Stats, floor: Option<&Stats>, target: Option<f64>) ->
         micros(stats.p99),
         stats.server_us,
     )
+}
+
+/// The ratio cell (`1 (<base_name>)` for the base itself) and the target cell of a row.
+fn ratio_cells(
+    stats: &Stats,
+    base: Option<&Stats>,
+    base_name: &str,
+    target: Option<f64>,
+) -> (String, String) {
+    let ratio = base.map(|b| stats.rate / b.rate);
+    let shown = ratio.map_or(format!("1 ({base_name})"), |r| format!("{r:.2}"));
+    let goal = match (ratio, target) {
+        (Some(r), Some(t)) => format!("≥ {t:.2}: {}", if r >= t { "met" } else { "MISSED" }),
+        _ => String::new(),
+    };
+    (shown, goal)
 }
 
 fn micros(d: Duration) -> f64 {

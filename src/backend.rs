@@ -89,18 +89,19 @@ impl Backend {
     /// Refreshes a batch: what was found of each lock. An error when nothing could be
     /// asked at all.
     pub(crate) fn refresh(&self, locks: &[Refresh<'_>]) -> Result<Vec<Refreshed>> {
-        let sent_at = Instant::now();
-        let known = |held: Vec<bool>| {
-            held.into_iter()
-                .map(|held| match held {
-                    true => Refreshed::Held { sent_at },
-                    false => Refreshed::Lost,
-                })
-                .collect()
-        };
         match self {
-            // Safe to repeat: setting the same TTL twice is the same as once.
-            Backend::Single(pool) => pool.run(|con| scripts::refresh(con, locks)).map(known),
+            Backend::Single(pool) => {
+                let sent_at = Instant::now();
+                // Safe to repeat: setting the same TTL twice is the same as once.
+                let held = pool.run(|con| scripts::refresh(con, locks))?;
+                Ok(held
+                    .into_iter()
+                    .map(|held| match held {
+                        true => Refreshed::Held { sent_at },
+                        false => Refreshed::Lost,
+                    })
+                    .collect())
+            }
             Backend::Quorum(quorum) => quorum.refresh(locks),
             Backend::Cluster(cluster, _) => cluster.refresh(locks),
         }

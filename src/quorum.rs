@@ -131,9 +131,11 @@ impl Quorum {
     /// [`Acquired::NoQuorum`] when fewer than a majority of the nodes answered.
     pub(crate) fn acquire(&self, attempt: &Attempt<'_>) -> Result<Acquired> {
         let started = Instant::now();
-        let take_back = scripts::release_call(attempt.keys, attempt.value, "");
-        // Not with a fixed token, whose keys may be the same owner's from before.
-        let undo = (!attempt.fixed_token).then_some(&take_back);
+        let take_back = || scripts::release_call(attempt.keys, attempt.value, "");
+        // As EVAL: the node may not know the release script. Built only for a late reply,
+        // and not with a fixed token, whose keys may be the same owner's from before.
+        let undo = || take_back().eval_packed();
+        let undo = (!attempt.fixed_token).then_some(&undo as &dyn Fn() -> Vec<u8>);
         let replies = self.fan_out(&scripts::acquire_call(attempt), None, undo);
         let mut tally = Tally::default();
         let mut taken = vec![false; self.nodes.len()];
@@ -158,7 +160,7 @@ impl Quorum {
         let outcome = decide(tally, self.majority(), in_time);
         if !matches!(outcome, Ok(Acquired::Yes { .. })) && taken.contains(&true) {
             // Best effort: what is not taken back expires with its TTL.
-            let _ = self.fan_out(&take_back, Some(&taken), None);
+            let _ = self.fan_out(&take_back(), Some(&taken), None);
         }
         outcome
     }
@@ -269,36 +271,26 @@ impl Quorum {
         &self,
         call: &Call,
         only: Option<&[bool]>,
-        undo: Option<&Call>,
+        undo: Option<&dyn Fn() -> Vec<u8>>,
     ) -> Vec<Result<Value>> {
         let started = Instant::now();
         let deadline = started + self.timeout;
         let count = self.nodes.len();
         let asked = |i: usize| only.is_none_or(|only| only.get(i) == Some(&true));
-        let resting: Vec<bool> = self
-            .nodes
-            .iter()
-            .map(|node| node.resting(started))
-            .collect();
+        // Per node: resting (left out until its rest ends), on probation (back from a
+        // rest, not yet answered), from one look at its health.
+        let (resting, probation): (Vec<bool>, Vec<bool>) =
+            self.nodes.iter().map(|node| node.standing(started)).unzip();
         let awake = resting.iter().filter(|&&resting| !resting).count();
-        let probation: Vec<bool> = self.nodes.iter().map(Node::on_probation).collect();
         let packed = call.packed();
         // Each request written as soon as its connection is there.
-        let mut sent: Vec<Option<Result<(Conn, bool)>>> =
-            (0..count)
-                .map(|i| match asked(i) {
-                    false => None,
-                    true if resting[i] && awake >= self.majority() => Some(Err(not_asked())),
-                    true => Some(self.nodes[i].checkout(deadline, probation[i]).and_then(
-                        |mut con| {
-                            self.nodes[i].write(&mut con, &packed)?;
-                            // Written with less than half the time left (a busy pool before it):
-                            // a timeout is then not the node's fault.
-                            Ok((con, left(deadline) < self.timeout / 2))
-                        },
-                    )),
-                })
-                .collect();
+        let mut sent: Vec<Option<Result<(Conn, bool)>>> = (0..count)
+            .map(|i| match asked(i) {
+                false => None,
+                true if resting[i] && awake >= self.majority() => Some(Err(not_asked())),
+                true => Some(self.nodes[i].send(&packed, deadline, probation[i], self.timeout)),
+            })
+            .collect();
         let mut replies: Vec<Result<Value>> = (0..count).map(|_| Err(not_asked())).collect();
         let mut read = |i: usize, by: Instant| {
             if let Some(con) = sent[i].take() {
@@ -342,7 +334,7 @@ impl Quorum {
 struct Read<'a> {
     call: &'a Call,
     /// Written after the request when the reply does not come in time.
-    undo: Option<&'a Call>,
+    undo: Option<&'a dyn Fn() -> Vec<u8>>,
     /// When the fan-out started (the node's reply time counts from then).
     started: Instant,
     /// The latest the reply is waited for.
@@ -369,12 +361,29 @@ fn not_asked() -> Error {
 }
 
 impl Node {
-    /// Whether the node is left out at `now` after a failure.
-    fn resting(&self, now: Instant) -> bool {
-        self.health
-            .lock()
-            .rest_until
-            .is_some_and(|until| now < until)
+    /// Whether the node is resting at `now` (left out after a failure), and whether it is
+    /// on probation (back from a rest, or resting, and not yet shown to answer again).
+    fn standing(&self, now: Instant) -> (bool, bool) {
+        let rest_until = self.health.lock().rest_until;
+        (
+            rest_until.is_some_and(|until| now < until),
+            rest_until.is_some(),
+        )
+    }
+
+    /// Writes `packed` on a connection (see [`checkout`](Self::checkout)); with it, whether
+    /// it went out with less than half the `timeout` left before `deadline` (a busy pool
+    /// before it), so that a late reply is not the node's fault.
+    fn send(
+        &self,
+        packed: &[u8],
+        deadline: Instant,
+        probation: bool,
+        timeout: Duration,
+    ) -> Result<(Conn, bool)> {
+        let mut con = self.checkout(deadline, probation)?;
+        self.write(&mut con, packed)?;
+        Ok((con, left(deadline) < timeout / 2))
     }
 
     /// A connection: on probation only one the pool has ready (making one to a frozen
@@ -432,10 +441,9 @@ impl Node {
         match &reply {
             Err(e) if !matches!(e.kind(), ErrorKind::Server(_)) => {
                 if let Some(undo) = undo {
-                    // As EVAL: the node may not know the script. The connection is thrown
-                    // away after this; the server runs what it has received, in order,
-                    // should it wake up.
-                    let _ = con.run(|con| con.send_packed_command(&undo.eval_packed()));
+                    // The connection is thrown away after this; the server runs what it
+                    // has received, in order, should it wake up.
+                    let _ = con.run(|con| con.send_packed_command(&undo()));
                 }
                 if !(late && e.is_timeout()) {
                     self.failed();
@@ -444,11 +452,6 @@ impl Node {
             _ => self.answered(started.elapsed()),
         }
         Ok(reply?)
-    }
-
-    /// Back from a rest, and not yet shown to answer again.
-    fn on_probation(&self) -> bool {
-        self.health.lock().rest_until.is_some()
     }
 
     fn failed(&self) {

@@ -8,6 +8,7 @@ use redguard::{Error, LockOptions, Locker, Retry};
 
 use crate::cluster_server::RedisCluster;
 use crate::eventually;
+use crate::wake::patient;
 
 fn cluster_locker(cluster: &RedisCluster) -> Locker {
     // One seed is enough: the client learns the others from it.
@@ -76,14 +77,7 @@ fn keys_sharing_a_hash_tag_lock_atomically_with_fencing_refresh_and_wake_ups() {
     assert!(guard.ttl().unwrap().expect("held") <= Duration::from_millis(600));
 
     // A waiter that retries only every 10 s is woken by the release notification.
-    let waiting = thread::spawn(move || {
-        let slow = LockOptions::default()
-            .retry(Retry::linear(Duration::from_secs(10)))
-            .timeout(Duration::from_secs(20))
-            .fencing(true);
-        let guard = two.lock_with(&["{user42}:a"], slow);
-        (guard, Instant::now())
-    });
+    let waiting = crate::wake::waiter_with(&two, "{user42}:a", patient().fencing(true));
     eventually(Duration::from_secs(5), "the waiter subscribes", || {
         (0..3).any(|node| {
             let counts: Vec<redis::Value> = cluster.query(

@@ -9,6 +9,7 @@ use redguard::{Error, LockOptions, Locker, Retry};
 
 use crate::eventually;
 use crate::server::{RedisServer, free_port};
+use crate::wake::waiter;
 
 /// Far above a round trip on a loaded 2-core machine; far below the TTLs used here.
 const NODE_TIMEOUT: Duration = Duration::from_millis(300);
@@ -301,16 +302,7 @@ fn waiter_is_woken_by_a_release() {
     let servers = five();
     let locker = redlock(&urls(&servers));
     let holder = locker.lock(&["k"]).unwrap();
-    let waiting = {
-        let locker = locker.clone();
-        thread::spawn(move || {
-            let slow = LockOptions::default()
-                .retry(Retry::linear(Duration::from_secs(10)))
-                .timeout(Duration::from_secs(30));
-            let guard = locker.lock_with(&["k"], slow);
-            (guard, Instant::now())
-        })
-    };
+    let waiting = waiter(&locker, "k");
     // The locker listens on the last node first.
     eventually(Duration::from_secs(5), "the waiter subscribes", || {
         servers[4].subscribers("redguard:released:k") == 1
@@ -392,21 +384,13 @@ fn waiter_is_still_woken_after_the_node_it_listened_on_died() {
         "the subscriber moves to the next node",
         || servers[3].subscribers("redguard:released:k") == 1,
     );
-    let waiting = thread::spawn({
-        let locker = locker.clone();
-        move || {
-            let slow = LockOptions::default()
-                .retry(Retry::linear(Duration::from_secs(10)))
-                .timeout(Duration::from_secs(30));
-            (locker.lock_with(&["k"], slow).map(drop), Instant::now())
-        }
-    });
+    let waiting = waiter(&locker, "k");
     thread::sleep(Duration::from_millis(50)); // let it make its first attempt
     let released = Instant::now();
     holder.release().unwrap();
     first.join().unwrap();
     let (got, at) = waiting.join().unwrap();
-    got.unwrap();
+    drop(got.unwrap());
     assert!(
         at - released < Duration::from_secs(2),
         "{:?}",
@@ -588,15 +572,7 @@ fn waiter_is_woken_even_when_the_node_it_listens_on_never_had_the_lock() {
     let locker = redlock(&urls(&servers));
     let holder = locker.lock(&["k"]).unwrap();
     let _: u64 = servers[4].query(&["DEL", "k"]); // the node the locker listens on
-    let waiting = {
-        let locker = locker.clone();
-        thread::spawn(move || {
-            let slow = LockOptions::default()
-                .retry(Retry::linear(Duration::from_secs(10)))
-                .timeout(Duration::from_secs(30));
-            (locker.lock_with(&["k"], slow).map(drop), Instant::now())
-        })
-    };
+    let waiting = waiter(&locker, "k");
     eventually(Duration::from_secs(5), "the waiter subscribes", || {
         servers[4].subscribers("redguard:released:k") == 1
     });
@@ -604,7 +580,7 @@ fn waiter_is_woken_even_when_the_node_it_listens_on_never_had_the_lock() {
     let released = Instant::now();
     holder.release().unwrap();
     let (got, at) = waiting.join().unwrap();
-    got.unwrap();
+    drop(got.unwrap());
     assert!(
         at - released < Duration::from_secs(1),
         "{:?}",
@@ -655,12 +631,7 @@ fn a_release_still_on_its_way_to_the_other_nodes_is_caught_up_with_quickly() {
     let held = holder
         .lock_with(&["k"], LockOptions::default().auto_refresh(false))
         .unwrap();
-    let waiting = thread::spawn(move || {
-        let slow = LockOptions::default()
-            .retry(Retry::linear(Duration::from_secs(10)))
-            .timeout(Duration::from_secs(30));
-        (waiter.lock_with(&["k"], slow).map(drop), Instant::now())
-    });
+    let waiting = crate::wake::waiter(&waiter, "k");
     eventually(Duration::from_secs(5), "the waiter subscribes", || {
         servers[4].subscribers("redguard:released:k") == 1
     });
@@ -679,7 +650,7 @@ fn a_release_still_on_its_way_to_the_other_nodes_is_caught_up_with_quickly() {
         let _: u64 = server.query(&["DEL", "k"]);
     }
     let (got, at) = waiting.join().unwrap();
-    got.unwrap();
+    drop(got.unwrap());
     assert!(
         at - released < Duration::from_secs(1),
         "{:?}",

@@ -16,7 +16,8 @@ const SLOW_RETRY: Duration = Duration::from_secs(10);
 /// Far under SLOW_RETRY, far over a few round trips on a loaded 2-core machine.
 const QUICK: Duration = Duration::from_secs(1);
 
-fn patient() -> LockOptions {
+/// Retries only every 10 s: a quick hand-off can only come from a notification.
+pub fn patient() -> LockOptions {
     LockOptions::default()
         .retry(Retry::linear(SLOW_RETRY))
         .timeout(3 * SLOW_RETRY)
@@ -27,14 +28,24 @@ fn listeners(server: &RedisServer, key: &str) -> u64 {
     server.subscribers(&format!("redguard:released:{key}"))
 }
 
-/// Starts a thread that waits for `key` and returns how long after `released` it got it.
-fn waiter(
+/// Starts a thread that waits for `key` with [`patient`] options; it returns the result
+/// and when it came.
+pub fn waiter(
     locker: &Locker,
     key: &'static str,
 ) -> thread::JoinHandle<(redguard::Result<redguard::LockGuard>, Instant)> {
+    waiter_with(locker, key, patient())
+}
+
+/// [`waiter`] with other options.
+pub fn waiter_with(
+    locker: &Locker,
+    key: &'static str,
+    options: LockOptions,
+) -> thread::JoinHandle<(redguard::Result<redguard::LockGuard>, Instant)> {
     let locker = locker.clone();
     thread::spawn(move || {
-        let guard = locker.lock_with(&[key], patient());
+        let guard = locker.lock_with(&[key], options);
         (guard, Instant::now())
     })
 }
