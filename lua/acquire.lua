@@ -1,19 +1,20 @@
 -- acquire.lua: take every key, or none of them.
 -- KEYS: the lock keys; with fencing, followed by one fencing counter per lock key.
--- ARGV[1]: the value to store (token .. metadata); ARGV[2]: the token's length in bytes;
+-- ARGV[1]: the value to store (owner .. metadata); ARGV[2]: the owner part's length in
+-- bytes (a random token, or a fixed one as '<length>:<token>': never the start of another);
 -- ARGV[3]: the TTL in milliseconds; ARGV[4]: '1' for fencing tokens, else '0'.
 -- Returns 1 when every key is now ours (with fencing: {'fences', token per key}), 2 when
 -- they already were, re-obtained by the same owner (with fencing: {'kept', token per
 -- key}), 0 when another owner holds one of them, and {'wrongtype', key, type} when a key
 -- (or a counter) holds another Redis type. Nothing is changed unless every key is ours.
-local token_len, ttl = tonumber(ARGV[2]), tonumber(ARGV[3])
+local owner_len, ttl = tonumber(ARGV[2]), tonumber(ARGV[3])
 local fencing = ARGV[4] == '1'
 local n = fencing and #KEYS / 2 or #KEYS
-if not token_len or token_len < 1 or token_len > #ARGV[1] or not ttl or ttl < 1
+if not owner_len or owner_len < 1 or owner_len > #ARGV[1] or not ttl or ttl < 1
     or n ~= math.floor(n) then
   -- Checked before any write: PEXPIRE 0 would delete the keys, a bad TTL keep them forever.
   -- (Numbers only check; the strings go to PEXPIRE, as a Lua number loses digits.)
-  return redis.error_reply('ERR redguard acquire: bad token length, ttl or key count')
+  return redis.error_reply('ERR redguard acquire: bad owner length, ttl or key count')
 end
 
 -- Every counter must be absent, or a plain non-negative integer small enough for INCR and
@@ -55,10 +56,11 @@ if not fresh then
       return {'wrongtype', KEYS[i], kind}
     end
   end
-  -- The same owner (same token prefix) may re-obtain its own keys, all of them or none.
-  local token = string.sub(ARGV[1], 1, token_len)
+  -- The same owner may re-obtain its own keys, all of them or none. Owner parts are
+  -- self-delimiting, so a value that starts with ours is exactly our owner's.
+  local owner = string.sub(ARGV[1], 1, owner_len)
   for i = 1, n do
-    if redis.call('getrange', KEYS[i], 0, token_len - 1) ~= token then
+    if redis.call('getrange', KEYS[i], 0, owner_len - 1) ~= owner then
       return 0
     end
   end

@@ -12,9 +12,12 @@ pub(crate) struct Held {
     pub(crate) keys: Vec<String>,
     /// The keys as the caller named them, when a prefix makes them differ.
     names: Option<Vec<String>>,
-    /// What every key stores: the token, then the metadata.
+    /// What every key stores: the owner part (see [`owner_part`]), then the metadata.
+    ///
+    /// [`owner_part`]: crate::token::owner_part
     pub(crate) value: String,
-    pub(crate) token_len: usize,
+    /// Where the token is in `value`: it ends the owner part.
+    token: std::ops::Range<usize>,
     /// One fencing token per key, in key order; empty without fencing.
     pub(crate) fences: Vec<u64>,
     timing: Mutex<Timing>,
@@ -78,7 +81,7 @@ impl Held {
     pub(crate) fn new(
         keys: Vec<String>,
         value: String,
-        token_len: usize,
+        token: std::ops::Range<usize>,
         fences: Vec<u64>,
         timing: Timing,
     ) -> Held {
@@ -88,7 +91,7 @@ impl Held {
             keys,
             names: None,
             value,
-            token_len,
+            token,
             fences,
             timing: Mutex::new(timing),
             lost: AtomicBool::new(false),
@@ -107,11 +110,11 @@ impl Held {
     }
 
     pub(crate) fn token(&self) -> &str {
-        &self.value[..self.token_len]
+        &self.value[self.token.clone()]
     }
 
     pub(crate) fn metadata(&self) -> &str {
-        &self.value[self.token_len..]
+        &self.value[self.token.end..]
     }
 
     pub(crate) fn timing(&self) -> Timing {
@@ -162,11 +165,11 @@ mod tests {
     const MS: Duration = Duration::from_millis(1);
 
     fn held(ttl_ms: u64, sent_at: Instant) -> Held {
-        let value = "0123abcdmeta".to_string();
+        let value = "8:0123abcdmeta".to_string();
         Held::new(
             vec!["k".into()],
             value,
-            8,
+            2..10,
             Vec::new(),
             Timing::new(ttl_ms, sent_at, no_drift),
         )
@@ -226,7 +229,7 @@ mod tests {
         let start = Instant::now();
         let timing = Timing::new(1000, start, |ttl| ttl / 100 + 2);
         assert_eq!(timing.expires_at(), start + 988 * MS);
-        let held = Held::new(vec!["k".into()], "t".into(), 1, Vec::new(), timing);
+        let held = Held::new(vec!["k".into()], "t".into(), 0..1, Vec::new(), timing);
         held.refreshed(start + 10 * MS, 2000);
         assert_eq!(held.timing().expires_at(), start + 1988 * MS);
     }

@@ -28,8 +28,8 @@
 //! ```
 //!
 //! # How it works
-//! Each key stores the owner's token (16 random bytes, hex) followed by optional metadata,
-//! with a TTL in milliseconds. Acquiring runs one Lua script that sets every key with
+//! Each key stores the owner's token (16 random bytes, hex; a fixed token of another form as
+//! `<length>:<token>`) followed by optional metadata, with a TTL in milliseconds. Acquiring runs one Lua script that sets every key with
 //! MSETNX or none of them (a single free key is simply `SET NX PX`); refresh, release and TTL checks run scripts that act only when
 //! every key still holds exactly the guard's value. One background thread per [`Locker`]
 //! refreshes all of its auto-refreshed guards at about a third of their TTL, in one

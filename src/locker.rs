@@ -14,7 +14,7 @@ use crate::quorum::Quorum;
 use crate::refresher::Refresher;
 use crate::scripts::{Acquired, Attempt};
 use crate::subscriber::{Seen, Subscriber, Ticket};
-use crate::token::random_token;
+use crate::token::{owner_part, random_token};
 use crate::{Error, LockGuard, LockOptions, Result, Retry};
 
 /// On a quorum, a release heard from one node may not have reached the others yet: an
@@ -97,7 +97,40 @@ impl Locker {
     /// As [`lock`](Self::lock); on a quorum of servers, [`Error::Redis`] when fewer than
     /// a majority of them answered.
     pub fn try_lock<K: AsRef<str>>(&self, keys: &[K]) -> Result<Option<LockGuard>> {
-        let once = LockOptions::default().retry(Retry::none());
+        self.try_lock_with(keys, LockOptions::default())
+    }
+
+    /// One attempt to lock every key as `options` say (TTL, metadata, token, fencing,
+    /// auto-refresh; their retry policy and timeout do not apply): `Ok(None)` when another
+    /// owner holds one of them.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use redguard::LockOptions;
+    ///
+    /// # fn main() -> Result<(), redguard::Error> {
+    /// let locker = redguard::Locker::connect("redis://127.0.0.1/")?;
+    /// let options = LockOptions::default().ttl(Duration::from_secs(5)).metadata("cron");
+    /// match locker.try_lock_with(&["nightly-report"], options)? {
+    ///     Some(_guard) => { /* ... run the report ... */ }
+    ///     None => println!("another run holds it"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`lock_with`](Self::lock_with), but never [`Error::NotObtained`]; on a quorum of
+    /// servers, [`Error::Redis`] when fewer than a majority of them answered.
+    pub fn try_lock_with<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        options: LockOptions,
+    ) -> Result<Option<LockGuard>> {
+        let once = LockOptions {
+            retry: Retry::none(),
+            timeout: None,
+            ..options
+        };
         // `None` must mean "held elsewhere": too few quorum nodes answering is an error.
         let no_quorum = || {
             Error::Redis(redis::RedisError::from((
@@ -159,8 +192,10 @@ impl Locker {
             }
             None => random_token()?,
         };
-        let token_len = token.len();
-        let value = token + &options.metadata;
+        let owner = owner_part(&token);
+        // The token ends the owner part; the metadata follows it.
+        let token_at = owner.len() - token.len()..owner.len();
+        let value = owner + &options.metadata;
         // A timeout too long for the clock is no deadline at all.
         let deadline = options.timeout.and_then(|t| started.checked_add(t));
         let mut delays = options.retry.delays();
@@ -192,7 +227,7 @@ impl Locker {
                 let attempt = Attempt {
                     keys: &keys,
                     value: &value,
-                    token_len,
+                    owner_len: token_at.end,
                     ttl_ms,
                     fencing: options.fencing,
                     prefix,
@@ -203,7 +238,7 @@ impl Locker {
             match outcome {
                 Acquired::Yes { fences, .. } => {
                     let timing = Timing::new(ttl_ms, sent_at, self.shared.backend.drift());
-                    let held = Held::new(keys, value, token_len, fences, timing).named(names);
+                    let held = Held::new(keys, value, token_at, fences, timing).named(names);
                     return LockGuard::new(Arc::clone(&self.shared), held, options.auto_refresh);
                 }
                 Acquired::WrongType { key, kind } => {

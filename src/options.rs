@@ -1,7 +1,6 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use crate::token::RANDOM_TOKEN_LEN;
 use crate::{Error, Result, Retry};
 
 /// The longest TTL Redis accepts without overflowing its expiry clock (about 146 million
@@ -90,15 +89,16 @@ impl LockOptions {
         self
     }
 
-    /// A fixed owner token instead of a random one. An owner that presents the same token
-    /// re-obtains keys it already holds (the new guard takes over; the old one will find
-    /// the lock lost if the metadata changed, and releases the new one's keys if it did
-    /// not).
+    /// A fixed owner token instead of a random one. An owner that presents exactly the
+    /// same token re-obtains keys it already holds (the new guard takes over; the old one
+    /// will find the lock lost if the metadata changed, and releases the new one's keys if
+    /// it did not). Any other token, even one that starts or ends like it, does not.
     ///
-    /// Re-obtaining compares only the start of each key's value with the token, so a fixed
-    /// token must not be a prefix of what another owner stores (its token followed by its
-    /// metadata). Lowercase hex shorter than a random token is rejected for that reason;
-    /// a whole random token (32 hex digits, say from [`LockGuard::token`]) is accepted.
+    /// What each key stores: a random token, or a fixed one of exactly 32 lowercase hex
+    /// digits (a whole random token, say from [`LockGuard::token`], to re-obtain its
+    /// lock), is stored as it is, followed by the metadata; any other fixed token is stored
+    /// as its length in bytes, a colon and the token, then the metadata: `token("worker-1")`
+    /// with metadata `"job 7"` stores `8:worker-1job 7`.
     ///
     /// [`LockGuard::token`]: crate::LockGuard::token
     ///
@@ -193,20 +193,11 @@ pub(crate) fn checked_ttl(ttl: Duration) -> Result<u64> {
     Ok(ttl.as_millis() as u64)
 }
 
-/// A caller's fixed token, checked: never empty, and never a short run of lowercase hex,
-/// which could be the start of another owner's random token and take over its keys.
+/// A caller's fixed token, checked: never empty (any other text is safe, as each key
+/// stores it in a self-delimiting form: see [`owner_part`](crate::token::owner_part)).
 pub(crate) fn checked_token(token: &str) -> Result<()> {
     if token.is_empty() {
         return invalid("token is empty: leave it unset for a random one".into());
-    }
-    let random_like = token
-        .bytes()
-        .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
-    if random_like && token.len() < RANDOM_TOKEN_LEN {
-        return invalid(format!(
-            "token {token:?} could be the start of a random token and take over its lock: \
-             use a character outside 0-9a-f, or all {RANDOM_TOKEN_LEN} hex digits"
-        ));
     }
     Ok(())
 }
@@ -247,15 +238,10 @@ mod tests {
     }
 
     #[test]
-    fn empty_and_random_prefix_tokens_are_rejected() {
+    fn empty_tokens_are_rejected() {
         assert!(why(checked_token("")).contains("token is empty"));
-        assert!(why(checked_token("7")).contains("start of a random token"));
-        assert!(why(checked_token("deadbeef")).contains("start of a random token"));
-        assert!(checked_token("owner-1").is_ok());
-        assert!(checked_token("DEADBEEF").is_ok());
-        assert!(
-            checked_token(&"a".repeat(32)).is_ok(),
-            "a whole token, to re-obtain"
-        );
+        for token in ["7", "deadbeef", "owner-1", "DEADBEEF", &"a".repeat(32)] {
+            assert!(checked_token(token).is_ok(), "{token:?}");
+        }
     }
 }

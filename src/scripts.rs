@@ -172,13 +172,13 @@ pub(crate) fn acquire_call(attempt: &Attempt<'_>) -> Call {
         .chain(&counters)
         .map(String::as_str)
         .collect();
-    let token_len = attempt.token_len.to_string();
+    let owner_len = attempt.owner_len.to_string();
     let ttl_ms = attempt.ttl_ms.to_string();
     let fencing = if attempt.fencing { "1" } else { "0" };
     Call::new(
         &ACQUIRE,
         &keys,
-        &[attempt.value, &token_len, &ttl_ms, fencing],
+        &[attempt.value, &owner_len, &ttl_ms, fencing],
     )
 }
 
@@ -226,9 +226,10 @@ pub(crate) fn parse_acquired(reply: Value) -> RedisResult<Acquired> {
 #[derive(Clone, Copy)]
 pub(crate) struct Attempt<'a> {
     pub(crate) keys: &'a [String],
-    /// The token, then the metadata.
+    /// The owner part (see [`owner_part`](crate::token::owner_part)), then the metadata.
     pub(crate) value: &'a str,
-    pub(crate) token_len: usize,
+    /// The owner part's length in bytes: a value that starts with it is ours.
+    pub(crate) owner_len: usize,
     pub(crate) ttl_ms: u64,
     pub(crate) fencing: bool,
     /// The locker's prefix, put before each fencing counter too.

@@ -13,10 +13,64 @@ pub(crate) fn random_token() -> Result<String> {
     Ok(hex::encode(bytes))
 }
 
+/// What every key of a lock stores before the metadata, naming its owner. It is
+/// self-delimiting, so that no owner's part can read as the start of another's value (the
+/// acquire script re-obtains when a value starts with ours):
+/// - a random token, or any token of exactly 32 lowercase hex digits (say one given back
+///   from [`LockGuard::token`](crate::LockGuard::token)), as it is: its length is fixed;
+/// - any other fixed token as its length in bytes, `:`, then the token (`8:worker-1`).
+///   The `:` comes within the first 32 characters, where a random token has only hex.
+pub(crate) fn owner_part(token: &str) -> String {
+    if is_random_form(token) {
+        token.to_owned()
+    } else {
+        format!("{}:{token}", token.len())
+    }
+}
+
+fn is_random_form(token: &str) -> bool {
+    token.len() == RANDOM_TOKEN_LEN
+        && token
+            .bytes()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::collections::HashSet;
+
+    #[test]
+    fn no_owner_part_is_the_start_of_another() {
+        let random = random_token().unwrap();
+        let tokens = [
+            "worker-1",
+            "worker-10",
+            "1",
+            "1:",
+            "8:worker-1",
+            "abc",
+            "ABC",
+            random.as_str(),
+            &random[..31],
+            "Ünïcode",
+            "a:b:c",
+        ];
+        for a in tokens {
+            for b in tokens {
+                let (a_part, b_part) = (owner_part(a), owner_part(b));
+                // Another owner's whole value: its part and any metadata after it.
+                let b_value = format!("{b_part}meta");
+                assert_eq!(b_value.starts_with(&a_part), a == b, "{a:?} vs {b:?}");
+            }
+        }
+        assert_eq!(owner_part("worker-1"), "8:worker-1");
+        assert_eq!(
+            owner_part(&random),
+            random,
+            "random tokens are stored as they are"
+        );
+    }
 
     #[test]
     fn tokens_are_32_hex_chars_and_distinct() {

@@ -75,7 +75,7 @@ fn same_owner_token_reobtains_its_own_keys_only() {
     assert!(matches!(stranger, Err(Error::NotObtained)), "{stranger:?}");
 
     let second = locker.lock_with(&["a", "b"], owner("second")).unwrap();
-    assert_eq!(server.query::<String>(&["GET", "b"]), "owner-1second");
+    assert_eq!(server.query::<String>(&["GET", "b"]), "7:owner-1second");
     // The first guard's value was replaced: it no longer holds the lock.
     assert!(matches!(
         first.refresh(Duration::from_secs(5)),
@@ -86,10 +86,45 @@ fn same_owner_token_reobtains_its_own_keys_only() {
     let _c = locker.lock(&["c"]).unwrap();
     let mixed = locker.lock_with(&["a", "c"], owner("third"));
     assert!(matches!(mixed, Err(Error::NotObtained)), "{mixed:?}");
-    assert_eq!(server.query::<String>(&["GET", "a"]), "owner-1second");
+    assert_eq!(server.query::<String>(&["GET", "a"]), "7:owner-1second");
 
     second.release().unwrap();
     assert_eq!(server.query::<u32>(&["EXISTS", "a", "b"]), 0);
+}
+
+#[test]
+fn a_fixed_token_never_reobtains_a_lock_whose_token_it_only_starts() {
+    let server = RedisServer::start();
+    let locker = locker(&server);
+    let fixed = |token: &str| no_refresh().retry(Retry::none()).token(token);
+
+    let b = locker.lock_with(&["k"], fixed("worker-10")).unwrap();
+    let stored = server.query::<String>(&["GET", "k"]);
+    assert_eq!(
+        stored, "9:worker-10",
+        "fixed tokens are stored self-delimited"
+    );
+    for other in ["worker-1", "worker-", "9:worker-1", "worker-10x"] {
+        let a = locker.try_lock_with(&["k"], fixed(other)).unwrap();
+        assert!(a.is_none(), "{other:?} took over worker-10's lock");
+        assert_eq!(server.query::<String>(&["GET", "k"]), stored);
+    }
+    // A random token's lock is not taken by its own first characters either.
+    let r = locker.lock_with(&["r"], no_refresh()).unwrap();
+    let start = r.token()[..8].to_string();
+    assert!(
+        locker
+            .try_lock_with(&["r"], fixed(&start))
+            .unwrap()
+            .is_none()
+    );
+    // Exactly the same tokens still re-obtain.
+    let again = locker.lock_with(&["k"], fixed("worker-10").metadata("m"));
+    assert_eq!(again.unwrap().token(), "worker-10");
+    assert!(b.is_lost() || b.refresh(Duration::from_secs(5)).is_err());
+    let whole = locker.lock_with(&["r"], fixed(r.token())).unwrap();
+    assert_eq!(whole.token(), r.token());
+    assert_eq!(server.query::<String>(&["GET", "r"]), r.token());
 }
 
 #[test]
@@ -337,4 +372,33 @@ fn scripts_are_reloaded_after_a_script_flush() {
     let guard = locker.lock(&["k"]).unwrap();
     assert!(guard.ttl().unwrap().is_some());
     guard.release().unwrap();
+}
+
+#[test]
+fn try_lock_with_makes_one_attempt_with_the_options() {
+    let server = RedisServer::start();
+    let locker = locker(&server);
+    let options = || {
+        LockOptions::default()
+            .ttl(Duration::from_secs(7))
+            .metadata("cron")
+            .fencing(true)
+            // Not used: one attempt only, returned at once.
+            .timeout(Duration::from_secs(30))
+    };
+    let guard = locker.try_lock_with(&["job"], options()).unwrap().unwrap();
+    assert_eq!(guard.metadata(), "cron");
+    assert_eq!(guard.fence(), Some(1));
+    let ttl = server.query::<u64>(&["PTTL", "job"]);
+    assert!((6_000..=7_000).contains(&ttl), "{ttl}");
+
+    let started = std::time::Instant::now();
+    assert!(locker.try_lock_with(&["job"], options()).unwrap().is_none());
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "one attempt, no wait"
+    );
+    drop(guard);
+    let again = locker.try_lock_with(&["job"], options()).unwrap().unwrap();
+    assert_eq!(again.fence(), Some(2));
 }

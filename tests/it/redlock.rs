@@ -521,7 +521,7 @@ fn a_failed_re_obtain_with_a_fixed_token_leaves_the_owners_lock_alone() {
     assert!(
         values(&servers, "k")
             .iter()
-            .all(|v| v.as_deref() == Some("owner-7"))
+            .all(|v| v.as_deref() == Some("7:owner-7"))
     );
     assert!(other.try_lock(&["k"]).unwrap().is_none());
     assert!(!held.is_lost());
