@@ -134,12 +134,12 @@ impl LockGuard {
         self.held.is_lost()
     }
 
-    /// Deletes the keys if they still hold this guard's value.
+    /// Deletes the keys that still hold this guard's value.
     ///
     /// # Errors
-    /// [`Error::LockLost`] when the keys no longer held this guard's value (nothing is
-    /// deleted then), or when the lock was already known lost (the keys are still deleted
-    /// if they hold this guard's value). Rarely, after the server closed the connection
+    /// [`Error::LockLost`] when some key no longer held this guard's value (those that did
+    /// are deleted all the same; others are left alone), or when the lock was already
+    /// known lost. Rarely, after the server closed the connection
     /// mid-request, the release is sent again and reports `LockLost` although the first
     /// one had deleted the keys: a loss is over-reported, never hidden.
     /// [`Error::Redis`] or [`Error::Pool`] when Redis cannot be asked (the keys then

@@ -289,8 +289,9 @@ pub(crate) fn parse_refreshed(reply: Value, len: usize) -> RedisResult<Vec<bool>
     Ok(held)
 }
 
-/// Deletes `keys` if every one still holds `value`, and announces each on
-/// `channels` + key (nothing is announced when `channels` is empty); `false` when not held.
+/// Deletes those of `keys` that still hold `value`, and announces each free key on
+/// `channels` + key (nothing is announced when `channels` is empty); `false` when some key
+/// no longer held `value`.
 pub(crate) fn release(
     con: &mut dyn ConnectionLike,
     keys: &[String],

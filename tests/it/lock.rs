@@ -402,3 +402,21 @@ fn try_lock_with_makes_one_attempt_with_the_options() {
     let again = locker.try_lock_with(&["job"], options()).unwrap().unwrap();
     assert_eq!(again.fence(), Some(2));
 }
+
+#[test]
+fn release_deletes_every_key_still_ours_when_some_are_gone() {
+    let server = RedisServer::start();
+    let locker = locker(&server);
+    // As when keys set with a 1 ms TTL expire a moment apart: one gone, the others ours.
+    let guard = locker.lock_with(&["a", "b", "c"], no_refresh()).unwrap();
+    server.query::<u32>(&["DEL", "a"]);
+    assert!(matches!(guard.release(), Err(Error::LockLost)));
+    assert_eq!(server.query::<u32>(&["EXISTS", "a", "b", "c"]), 0);
+
+    // One key taken by another owner since: ours are deleted, theirs is left alone.
+    let guard = locker.lock_with(&["a", "b"], no_refresh()).unwrap();
+    server.query::<String>(&["SET", "b", "someone-else"]);
+    drop(guard);
+    assert_eq!(server.query::<u32>(&["EXISTS", "a"]), 0);
+    assert_eq!(server.query::<String>(&["GET", "b"]), "someone-else");
+}
