@@ -61,6 +61,11 @@ struct Board {
 #[derive(Default)]
 struct State {
     keys: HashMap<String, Watch>,
+    /// Counts every release heard and subscription confirmed, whatever the key: each
+    /// such event is stamped with the next number, so stamps only grow, even for a key
+    /// whose watch was swept and made anew (counting per watch would start again at zero
+    /// and could look like nothing happened).
+    generation: u64,
     /// Keys whose channel the thread has yet to subscribe to.
     pending: Vec<String>,
     stopping: bool,
@@ -70,21 +75,22 @@ struct State {
 
 struct Watch {
     waiters: usize,
-    /// Releases heard on this key's channel.
-    releases: u64,
-    /// Confirmed SUBSCRIBEs: a new one after a reconnect may follow a missed release.
-    subscriptions: u64,
+    /// The stamp of the last release heard on this key's channel (0: none yet).
+    released: u64,
+    /// The stamp of the last confirmed SUBSCRIBE: a new one after a reconnect may follow
+    /// a missed release.
+    subscribed_at: u64,
     /// Subscribed on the thread's current connection.
     subscribed: bool,
     /// Since when no one waits for this key.
     idle_since: Instant,
 }
 
-/// What a waiter has seen of its keys.
+/// What a waiter has seen of its keys: the newest stamps of their events.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Seen {
-    releases: u64,
-    subscriptions: u64,
+    released: u64,
+    subscribed_at: u64,
     all_subscribed: bool,
 }
 
@@ -223,8 +229,8 @@ impl<'a> Ticket<'a> {
         let mut state = self.board.state.lock();
         loop {
             let now = state.observe(&self.keys);
-            let released = now.releases != self.seen.releases;
-            let resubscribed = now.all_subscribed && now.subscriptions != self.seen.subscriptions;
+            let released = now.released != self.seen.released;
+            let resubscribed = now.all_subscribed && now.subscribed_at != self.seen.subscribed_at;
             if released || resubscribed {
                 return released;
             }
@@ -250,8 +256,8 @@ impl Board {
             let is_new = !state.keys.contains_key(key);
             let watch = state.keys.entry(key.clone()).or_insert_with(|| Watch {
                 waiters: 0,
-                releases: 0,
-                subscriptions: 0,
+                released: 0,
+                subscribed_at: 0,
                 subscribed: false,
                 idle_since: Instant::now(),
             });
@@ -278,8 +284,11 @@ impl Board {
 
     /// The thread heard a release of `key`.
     fn released(&self, key: &str) {
-        if let Some(watch) = self.state.lock().keys.get_mut(key) {
-            watch.releases += 1;
+        let mut state = self.state.lock();
+        let stamp = state.generation + 1;
+        if let Some(watch) = state.keys.get_mut(key) {
+            watch.released = stamp;
+            state.generation = stamp;
             self.changed.notify_all();
         }
     }
@@ -287,11 +296,13 @@ impl Board {
     /// The thread's SUBSCRIBE to `key` was confirmed; `false` if no one watches it any more.
     fn subscribed(&self, key: &str) -> bool {
         let mut state = self.state.lock();
+        let stamp = state.generation + 1;
         let Some(watch) = state.keys.get_mut(key) else {
             return false;
         };
         watch.subscribed = true;
-        watch.subscriptions += 1;
+        watch.subscribed_at = stamp;
+        state.generation = stamp;
         self.changed.notify_all();
         true
     }
@@ -311,19 +322,19 @@ impl Board {
 }
 
 impl State {
-    /// Releases and confirmed subscriptions of `keys` so far, and whether all of them are
-    /// subscribed now.
+    /// The newest release and confirmed subscription of `keys` so far, and whether all of
+    /// them are subscribed now. Any new event on one of them changes what this returns.
     fn observe(&self, keys: &[String]) -> Seen {
         let mut seen = Seen {
-            releases: 0,
-            subscriptions: 0,
+            released: 0,
+            subscribed_at: 0,
             all_subscribed: true,
         };
         for key in keys {
             match self.keys.get(key) {
                 Some(watch) => {
-                    seen.releases += watch.releases;
-                    seen.subscriptions += watch.subscriptions;
+                    seen.released = seen.released.max(watch.released);
+                    seen.subscribed_at = seen.subscribed_at.max(watch.subscribed_at);
                     seen.all_subscribed &= watch.subscribed;
                 }
                 None => seen.all_subscribed = false,
@@ -509,6 +520,24 @@ mod tests {
         board.subscribed("b");
         waiter.mark();
         board.released("b");
+        assert!(returns_early(&mut waiter));
+    }
+
+    #[test]
+    fn a_watch_swept_and_made_anew_still_ends_the_wait() {
+        let board = Board::default();
+        // A waiter comes and goes: the key is subscribed, no release heard.
+        drop(ticket(&board, &["k"], Seen::default()));
+        board.subscribed("k");
+        // The next waiter notes the key before its attempt; meanwhile the sweep forgets
+        // the idle watch, and a release goes unheard (no longer subscribed).
+        let before = board.state.lock().observe(&keys(&["k"]));
+        board.state.lock().keys.get_mut("k").unwrap().idle_since = Instant::now() - LONG;
+        assert_eq!(board.state.lock().take_idle(), ["k"]);
+        // The waiter registers; the thread subscribes anew: that must end its wait, as
+        // the release may have come before it.
+        let mut waiter = ticket(&board, &["k"], before);
+        board.subscribed("k");
         assert!(returns_early(&mut waiter));
     }
 
