@@ -52,6 +52,14 @@
 //!   request, so it considers a lock lost no later than the server does (unless the same
 //!   fixed token re-obtains the keys with a shorter TTL: the old guard does not know).
 
+//!
+//! # Features
+//! - `tls`: `rediss://` URLs, through rustls with ring. rustls needs a process-wide crypto
+//!   provider, which redis-rs takes as it finds it: when a locker for `rediss://` servers is
+//!   built and none is set yet, ring is installed as that default. A provider the
+//!   application installed first is kept; a locker without TLS sets nothing. An
+//!   application that wants another provider installs it before it builds such a locker.
+
 #![warn(missing_docs)]
 
 mod backend;
@@ -70,6 +78,8 @@ mod retry;
 mod scripts;
 mod slot;
 mod subscriber;
+#[cfg(feature = "tls")]
+mod tls;
 mod token;
 
 pub use error::{Error, Result};

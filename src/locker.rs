@@ -535,6 +535,13 @@ impl LockerBuilder {
 
     fn cluster_client(&self, seeds: Vec<ConnectionInfo>) -> redis::RedisResult<ClusterClient> {
         let checkout_ms = u64::try_from(self.bounds.checkout.as_millis()).unwrap_or(u64::MAX);
+        #[cfg(feature = "tls")]
+        if seeds
+            .iter()
+            .any(|seed| matches!(seed.addr(), redis::ConnectionAddr::TcpTls { .. }))
+        {
+            crate::tls::ensure_crypto_provider();
+        }
         let builder = ClusterClient::builder(seeds)
             .connection_timeout(self.bounds.connect)
             .response_timeout(self.bounds.io)
@@ -594,14 +601,14 @@ impl LockerBuilder {
 
     #[cfg(feature = "tls")]
     fn client<T: IntoConnectionInfo>(&self, url: T) -> redis::RedisResult<Client> {
-        // redis-rs asks rustls for the process's default crypto provider, which rustls can
-        // only pick by itself when exactly one is compiled in; another crate of the
-        // application may bring a second. Make ring the default, unless one is set.
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        let info = url.into_connection_info()?;
+        if matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }) {
+            crate::tls::ensure_crypto_provider();
+        }
         match &self.tls_root {
-            None => Client::open(url),
+            None => Client::open(info),
             Some(root) => Client::build_with_tls(
-                url,
+                info,
                 redis::TlsCertificates {
                     client_tls: None,
                     root_cert: Some(root.clone()),

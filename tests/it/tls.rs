@@ -189,3 +189,52 @@ fn frozen_tls_server_holds_nothing_beyond_the_bounds() {
     server.resume();
     assert!(took < Duration::from_secs(4), "took {took:?}");
 }
+
+/// Runs [`crypto_provider_child`] in a process of its own: the provider is process-wide,
+/// and the other tests' TLS lockers set it.
+#[test]
+fn the_crypto_provider_is_set_only_for_tls_and_never_replaced() {
+    let output = crate::child_test("tls::crypto_provider_child")
+        .env("REDGUARD_CHILD", "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("1 passed"),
+        "child failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[test]
+#[ignore = "run by the_crypto_provider_is_set_only_for_tls_and_never_replaced"]
+fn crypto_provider_child() {
+    use rustls::crypto::CryptoProvider;
+    assert_eq!(std::env::var("REDGUARD_CHILD").as_deref(), Ok("1"));
+    let plain = RedisServer::start();
+    let locker = Locker::connect(plain.url()).unwrap();
+    drop(locker.lock(&["k"]).unwrap());
+    assert!(
+        CryptoProvider::get_default().is_none(),
+        "a locker without TLS set a process-wide provider"
+    );
+
+    // The application sets its own (here ring too, but its own instance) after that...
+    rustls::crypto::ring::default_provider()
+        .install_default()
+        .expect("nothing set one before the application");
+    let ours = std::sync::Arc::as_ptr(CryptoProvider::get_default().unwrap());
+    // ...and a TLS locker uses it, and leaves it in place.
+    let certs = Certificates::make();
+    let server = RedisServer::start_tls(certs.dir(), certs.ca.clone());
+    let locker = Locker::builder()
+        .tls_root_cert(certs.ca.clone())
+        .build(server.url())
+        .unwrap();
+    drop(locker.lock(&["k"]).unwrap());
+    let now = std::sync::Arc::as_ptr(CryptoProvider::get_default().unwrap());
+    assert!(
+        std::ptr::eq(ours, now),
+        "the application's provider was replaced"
+    );
+}

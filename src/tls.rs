@@ -1,0 +1,16 @@
+//! The `tls` feature's one piece of process-wide state: rustls's crypto provider.
+
+/// Makes ring rustls's process-wide crypto provider, only if none is set yet.
+///
+/// redis-rs builds its TLS configuration with the process default provider (it takes no
+/// provider of ours), and rustls can only pick one by itself when exactly one is compiled
+/// in; another crate of the application may bring a second, and rustls would then panic
+/// in the handshake. So this runs when a locker for `rediss://` servers is built, and
+/// then only when no provider is set: a provider the application set first is kept, and
+/// a locker without TLS sets nothing.
+pub(crate) fn ensure_crypto_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Err only when another thread set one in between: that one is kept.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
