@@ -67,6 +67,7 @@ impl ClusterPool {
             // A PING on every checkout would cost a round trip per lock operation.
             .test_on_check_out(false)
             .connection_timeout(bounds.checkout)
+            .thread_pool(crate::pool::worker())
             .build(ClusterConnector { client })?;
         let cluster = ClusterPool {
             pool,

@@ -30,6 +30,14 @@ const MAX_NODE_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// Takes locks on Redis keys. A cheap `Clone` (an `Arc` inside), `Send + Sync`.
 ///
+/// # Threads
+/// A locker runs, all gone with it (and its last guard):
+/// - `redguard-pool`: one per connection pool, which makes its connections in the
+///   background: one on a single server, one per node on a quorum, one for the cluster
+///   pool and one per seed on a cluster;
+/// - `redguard-refresher`: one, from the first guard with auto-refresh on;
+/// - `redguard-subscriber`: one, from the first thread that waits for a held key.
+///
 /// ```no_run
 /// # fn main() -> Result<(), redguard::Error> {
 /// let locker = redguard::Locker::connect("redis://127.0.0.1/")?;

@@ -2,11 +2,13 @@
 //! connection that lost track of its replies.
 
 use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use r2d2::PooledConnection;
 use redis::{Client, Connection, ConnectionLike, ErrorKind, RedisError, RedisResult, Value};
+use scheduled_thread_pool::{OnPoolDropBehavior, ScheduledThreadPool};
 
 use crate::Result;
 
@@ -32,6 +34,20 @@ pub(crate) enum Pool {
     },
 }
 
+/// The thread that makes a pool's connections in the background: one per pool (r2d2 would
+/// start three). Not one shared by a locker's pools: making a connection to a frozen
+/// server holds a thread for the connect timeout, and must not hold up another server's.
+pub(crate) fn worker() -> Arc<ScheduledThreadPool> {
+    Arc::new(
+        ScheduledThreadPool::builder()
+            .num_threads(1)
+            .thread_name_pattern("redguard-pool")
+            // Its jobs (connects, reaping idle connections) are the pool's: gone with it.
+            .on_drop_behavior(OnPoolDropBehavior::DiscardPendingScheduled)
+            .build(),
+    )
+}
+
 impl Pool {
     /// A pool of `size` connections to `client`, all made before this returns, so that a
     /// wrong address or a dead server is reported here.
@@ -43,6 +59,7 @@ impl Pool {
             // Connections that failed are dropped instead, through `has_broken`.
             .test_on_check_out(false)
             .connection_timeout(bounds.checkout)
+            .thread_pool(worker())
             .build(connector.clone())?;
         let connector = Box::new(connector);
         Ok(Pool::Own { pool, connector })
@@ -56,6 +73,7 @@ impl Pool {
             .max_size(size)
             .test_on_check_out(false)
             .connection_timeout(bounds.checkout)
+            .thread_pool(worker())
             .build_unchecked(connector.clone());
         let connector = Box::new(connector);
         Pool::Own { pool, connector }

@@ -12,6 +12,7 @@ mod refresh;
 mod security;
 mod server;
 mod stress;
+mod threads;
 mod tls;
 mod wake;
 
@@ -56,4 +57,29 @@ fn eventually(limit: Duration, what: &str, mut condition: impl FnMut() -> bool) 
         assert!(Instant::now() < deadline, "not within {limit:?}: {what}");
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// Threads of this process with this name (Linux keeps the first 15 bytes of it).
+#[cfg(target_os = "linux")]
+fn threads_named(name: &str) -> usize {
+    let name = &name[..name.len().min(15)];
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .filter(|comm| comm.trim_end() == name)
+        .count()
+}
+
+/// Runs the ignored test `name` in a child process of its own and checks that it passed.
+fn in_child_process(name: &str) {
+    let output = child_test(name)
+        .env("REDGUARD_CHILD", "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("1 passed"),
+        "child failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
 }

@@ -323,14 +323,9 @@ fn a_lost_lock_in_a_refresh_batch_does_not_affect_the_others() {
     assert_eq!(server.query::<u32>(&exists), 10);
 }
 
-/// Threads of this process named like the refresher (Linux truncates names to 15 bytes).
 #[cfg(target_os = "linux")]
 fn refresher_threads() -> usize {
-    std::fs::read_dir("/proc/self/task")
-        .unwrap()
-        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
-        .filter(|name| name.trim_end() == "redguard-refres")
-        .count()
+    crate::threads_named("redguard-refresher")
 }
 
 /// Runs [`refresher_thread_per_locker_child`] alone in a child process, so that no other
