@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::cluster::{self, ClusterPool};
-use crate::held::no_drift;
+use crate::held::drift_ms;
 use crate::pool::Pool;
-use crate::quorum::{self, Quorum};
+use crate::quorum::Quorum;
 use crate::scripts::{self, Acquired, Attempt, Refresh};
 use crate::{Error, LockOptions, Result};
 
@@ -65,7 +65,7 @@ impl Backend {
             return Ok(());
         };
         let attempt = quorum.longest_attempt().as_millis();
-        let needed = attempt + u128::from(quorum::drift_ms(ttl_ms));
+        let needed = attempt + u128::from(drift_ms(ttl_ms));
         if u128::from(ttl_ms) <= needed {
             return Err(Error::InvalidInput(format!(
                 "ttl of {ttl_ms} ms leaves no time to hold a quorum lock after the longest \
@@ -124,14 +124,6 @@ impl Backend {
             Backend::Single(pool) => pool.run(|con| scripts::ttl(con, keys, value)),
             Backend::Quorum(quorum) => quorum.ttl(keys, value),
             Backend::Cluster(cluster, _) => cluster.ttl(keys, value),
-        }
-    }
-
-    /// How much sooner than its TTL (both in ms) a lock is taken as lost.
-    pub(crate) fn drift(&self) -> fn(u64) -> u64 {
-        match self {
-            Backend::Single(_) | Backend::Cluster(..) => no_drift,
-            Backend::Quorum(_) => quorum::drift_ms,
         }
     }
 

@@ -129,7 +129,13 @@ impl LockGuard {
 
     /// `true` once the lock is known to be gone: the refresher or a call on this guard
     /// found a key missing or overwritten, or the TTL ran out before a refresh succeeded
-    /// (by this process's clock). Never goes back to `false`. Sends nothing to Redis.
+    /// (by this process's clock, counted from before the request was sent, less 1% of the
+    /// TTL and 2 ms for a server clock running a little fast). Never goes back to `false`.
+    /// Sends nothing to Redis.
+    ///
+    /// While this host is suspended, this process's clock stops and the server's does not:
+    /// after a resume, this can say `false` for a lock the server has already expired,
+    /// until the refresher (or [`ttl`](Self::ttl)) finds it gone.
     pub fn is_lost(&self) -> bool {
         self.held.is_lost()
     }

@@ -30,27 +30,26 @@ pub(crate) struct Timing {
     pub(crate) ttl_ms: u64,
     /// When the newest acquire or refresh that succeeded was sent.
     sent_at: Instant,
-    /// The earliest the keys may expire, by our clock. The server set each expiry after
-    /// its request was sent, so `sent + ttl` is never later than the real expiry.
+    /// When to count the lock lost, by our clock: the server set each expiry after its
+    /// request was sent, so `sent + ttl` is never later than the real expiry, less a
+    /// [`drift_ms`] allowance.
     expires_at: Instant,
-    /// How much sooner than that to count the lock lost, for a given TTL (in ms).
-    drift: fn(u64) -> u64,
 }
 
-/// No allowance for clock drift: one server, whose expiries follow its requests.
-pub(crate) fn no_drift(_ttl_ms: u64) -> u64 {
-    0
+/// How much sooner than its TTL (both in ms) a lock counts as lost, on every backend: 1%
+/// of the TTL and 2 ms, as Redlock prescribes, for a server clock running a little faster
+/// than ours (a server on a quorum, or the one server).
+pub(crate) fn drift_ms(ttl_ms: u64) -> u64 {
+    ttl_ms / 100 + 2
 }
 
 impl Timing {
-    /// The timing of a lock just set with `ttl_ms` by a request sent at `sent_at`, to be
-    /// counted lost `drift(ttl_ms)` sooner.
-    pub(crate) fn new(ttl_ms: u64, sent_at: Instant, drift: fn(u64) -> u64) -> Timing {
+    /// The timing of a lock just set with `ttl_ms` by a request sent at `sent_at`.
+    pub(crate) fn new(ttl_ms: u64, sent_at: Instant) -> Timing {
         Timing {
             ttl_ms,
             sent_at,
-            expires_at: after(sent_at, ttl_ms.saturating_sub(drift(ttl_ms))),
-            drift,
+            expires_at: expiry(sent_at, ttl_ms),
         }
     }
 
@@ -65,9 +64,12 @@ impl Timing {
     }
 }
 
-/// `at` + `ms`: see [`later`].
-fn after(at: Instant, ms: u64) -> Instant {
-    later(at, Duration::from_millis(ms))
+/// When a lock set with `ttl_ms` by a request sent `at` counts as lost.
+fn expiry(at: Instant, ttl_ms: u64) -> Instant {
+    later(
+        at,
+        Duration::from_millis(ttl_ms.saturating_sub(drift_ms(ttl_ms))),
+    )
 }
 
 /// `at` + `wait`, where 100 years count as forever: some platforms' `Instant` overflows
@@ -129,7 +131,7 @@ impl Held {
     /// Records a refresh to `ttl_ms` that succeeded, sent at `sent_at`.
     pub(crate) fn refreshed(&self, sent_at: Instant, ttl_ms: u64) {
         let mut timing = self.timing.lock();
-        let expires_at = after(sent_at, ttl_ms.saturating_sub((timing.drift)(ttl_ms)));
+        let expires_at = expiry(sent_at, ttl_ms);
         if sent_at >= timing.sent_at {
             timing.sent_at = sent_at;
             timing.expires_at = expires_at;
@@ -171,7 +173,7 @@ mod tests {
             value,
             2..10,
             Vec::new(),
-            Timing::new(ttl_ms, sent_at, no_drift),
+            Timing::new(ttl_ms, sent_at),
         )
     }
 
@@ -194,9 +196,10 @@ mod tests {
     #[test]
     fn refresh_is_due_with_two_thirds_of_the_ttl_left() {
         let start = Instant::now();
-        let timing = Timing::new(3000, start, no_drift);
-        assert_eq!(timing.expires_at(), start + 3000 * MS);
-        assert_eq!(timing.refresh_at(), start + 1000 * MS);
+        let timing = Timing::new(3000, start);
+        // Less the drift allowance: 1% and 2 ms.
+        assert_eq!(timing.expires_at(), start + 2968 * MS);
+        assert_eq!(timing.refresh_at(), start + 968 * MS);
     }
 
     #[test]
@@ -204,7 +207,7 @@ mod tests {
         let start = Instant::now();
         let held = held(1000, start);
         held.refreshed(start + 10 * MS, 5000);
-        assert_eq!(held.timing().expires_at(), start + 5010 * MS);
+        assert_eq!(held.timing().expires_at(), start + (5010 - 52) * MS);
     }
 
     #[test]
@@ -216,7 +219,7 @@ mod tests {
         held.set_ttl(60_000);
         held.refreshed(start + 20 * MS, 60_000);
         held.refreshed(start + 10 * MS, 600);
-        assert_eq!(held.timing().expires_at(), start + 610 * MS);
+        assert_eq!(held.timing().expires_at(), start + (610 - 8) * MS);
         assert_eq!(
             held.timing().ttl_ms,
             60_000,
@@ -225,9 +228,9 @@ mod tests {
     }
 
     #[test]
-    fn drift_makes_the_lock_count_lost_sooner() {
+    fn drift_makes_the_lock_count_lost_sooner_on_every_backend() {
         let start = Instant::now();
-        let timing = Timing::new(1000, start, |ttl| ttl / 100 + 2);
+        let timing = Timing::new(1000, start);
         assert_eq!(timing.expires_at(), start + 988 * MS);
         let held = Held::new(vec!["k".into()], "t".into(), 0..1, Vec::new(), timing);
         held.refreshed(start + 10 * MS, 2000);

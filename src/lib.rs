@@ -49,9 +49,13 @@
 //!   ([`LockerBuilder::build_cluster`]) spreads locks over masters, each slot with the
 //!   guarantees of one server. The README's "Scaling out" says what each one guarantees.
 //! - Expiry runs on the server's clock; this process counts the TTL from before it sent the
-//!   request, so it considers a lock lost no later than the server does (unless the same
-//!   fixed token re-obtains the keys with a shorter TTL: the old guard does not know).
-
+//!   request, less an allowance for a server clock running faster than ours (1% of the TTL
+//!   and 2 ms), so it considers a lock lost before the server expires it — unless the
+//!   server's clock runs faster than that, or this host is suspended (`Instant` stops while
+//!   the server's clock goes on: after a resume the lock may have expired while
+//!   [`LockGuard::is_lost`] still says `false` until the next refresh finds it gone), or
+//!   the same fixed token re-obtains the keys with a shorter TTL (the old guard does not
+//!   know).
 //!
 //! # Features
 //! - `tls`: `rediss://` URLs, through rustls with ring. rustls needs a process-wide crypto

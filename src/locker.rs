@@ -245,7 +245,7 @@ impl Locker {
             };
             match outcome {
                 Acquired::Yes { fences, .. } => {
-                    let timing = Timing::new(ttl_ms, sent_at, self.shared.backend.drift());
+                    let timing = Timing::new(ttl_ms, sent_at);
                     let held = Held::new(keys, value, token_at, fences, timing).named(names);
                     return LockGuard::new(Arc::clone(&self.shared), held, options.auto_refresh);
                 }

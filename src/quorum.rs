@@ -13,6 +13,7 @@ use parking_lot::Mutex;
 use redis::{ErrorKind, RedisError, Value};
 
 use crate::backend::Refreshed;
+use crate::held::drift_ms;
 use crate::pool::{Conn, Pool};
 use crate::scripts::{self, Acquired, Attempt, Call, Refresh};
 use crate::{Error, Result};
@@ -39,12 +40,6 @@ struct Health {
 
 const FIRST_REST: Duration = Duration::from_millis(50);
 const LONGEST_REST: Duration = Duration::from_secs(1);
-
-/// How much sooner than the TTL a lock counts as lost, for the clocks of the servers
-/// running a little faster than ours: 1% of the TTL and 2 ms, as Redlock prescribes.
-pub(crate) fn drift_ms(ttl_ms: u64) -> u64 {
-    ttl_ms / 100 + 2
-}
 
 /// What the nodes answered to one acquisition attempt.
 #[derive(Debug, Default)]

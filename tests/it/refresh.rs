@@ -109,6 +109,20 @@ fn lock_without_refresh_is_lost_once_its_ttl_has_passed() {
 }
 
 #[test]
+fn one_server_lock_counts_itself_lost_before_its_ttl_by_the_drift_allowance() {
+    let server = RedisServer::start();
+    let locker = locker(&server);
+    let ttl = Duration::from_millis(2000); // drift allowance: 1% + 2 ms = 22 ms
+    let guard = locker.lock_with(&["k"], manual(ttl)).unwrap();
+    let returned = Instant::now();
+    assert!(!guard.is_lost());
+    // Lost by 1978 ms after the request was sent, before it returned: a server clock a
+    // little faster than ours must not expire the lock while we still believe it held.
+    thread::sleep(ttl - Duration::from_millis(15) - returned.elapsed());
+    assert!(guard.is_lost());
+}
+
+#[test]
 fn auto_refresh_keeps_a_300ms_lock_alive_for_2s() {
     let server = RedisServer::start();
     let guard = locker(&server)
