@@ -48,18 +48,13 @@ impl fmt::Display for Error {
                  section may not have been exclusive (check is_lost() before each step; if they \
                  expired, use a longer ttl)",
             ),
-            Error::InvalidInput(why) => write!(f, "invalid lock request: {why}"),
+            Error::InvalidInput(why) => write!(f, "invalid input: {why}"),
             Error::WrongType { key, kind } => write!(
                 f,
                 "key {key:?} holds a Redis {kind}, not a lock, and was left untouched \
                  (lock another key or delete it)"
             ),
-            Error::Redis(e) if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() => {
-                f.write_str("redis is unreachable or not answering (check that the server is up)")
-            }
-            Error::Redis(_) => f.write_str(
-                "redis refused the request (see the cause: permissions, memory, a busy script?)",
-            ),
+            Error::Redis(e) => f.write_str(redis_says(e)),
             Error::Pool(_) => f.write_str(
                 "no redis connection available within the checkout timeout \
                  (check that the server is up, or raise pool_size)",
@@ -70,6 +65,24 @@ impl fmt::Display for Error {
                  (lock with auto_refresh(false), or free some threads)",
             ),
         }
+    }
+}
+
+/// What a Redis error means to the user, in a few words (the error itself is the cause).
+fn redis_says(e: &redis::RedisError) -> &'static str {
+    if e.is_connection_refusal() {
+        "redis refused the connection: nothing listens at that address (check the host and port)"
+    } else if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() {
+        "redis is unreachable or not answering (check the host name and port, and that the \
+         server is up)"
+    } else if e.kind() == redis::ErrorKind::AuthenticationFailed {
+        "redis refused the credentials (check the user name and password)"
+    } else if e.detail().is_some_and(|d| d.starts_with("DB index")) {
+        "redis has no such database (check the number at the end of the URL)"
+    } else if e.code() == Some("NOPERM") {
+        "redis refused a command or key to this user (check its ACL: see the cause)"
+    } else {
+        "redis refused the request (see the cause: permissions, memory, a busy script?)"
     }
 }
 

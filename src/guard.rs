@@ -12,8 +12,12 @@ use crate::{Error, Result};
 /// A held lock on one or more keys, released when dropped.
 ///
 /// Created by [`Locker::lock`](crate::Locker::lock) and its siblings. Dropping the guard
-/// runs the compare-and-delete script (best effort: errors are ignored, the wait is bounded
-/// by the pool's timeouts); [`release`](LockGuard::release) does the same and reports.
+/// runs the compare-and-delete script (best effort: errors are ignored, the keys then
+/// expire with their TTL); [`release`](LockGuard::release) does the same and reports.
+/// While Redis is down or frozen, a drop blocks for as long as the locker's bounds allow:
+/// about an I/O timeout on a frozen server, at most about two checkout timeouts and an
+/// I/O timeout on one server (8 s with the defaults), about one and a half node timeouts
+/// on a quorum.
 /// The guard owns what it needs, so it may outlive the `Locker` it came from.
 ///
 /// A guard cannot make Redis keep the lock: check [`is_lost`](LockGuard::is_lost) before

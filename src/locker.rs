@@ -66,8 +66,10 @@ impl Locker {
     /// for `Locker::builder().build(url)`.
     ///
     /// # Errors
-    /// [`Error::InvalidInput`] for a malformed URL, [`Error::Pool`] when the server cannot
-    /// be reached within the checkout timeout.
+    /// [`Error::InvalidInput`] for a malformed URL; [`Error::Redis`] at once when the first
+    /// connection fails (refused, unknown host, wrong password, no such database, or no
+    /// answer within the connect and I/O timeouts); [`Error::Pool`] when the others cannot
+    /// be made within the checkout timeout.
     pub fn connect<T: IntoConnectionInfo>(url: T) -> Result<Locker> {
         Locker::builder().build(url)
     }
@@ -90,6 +92,11 @@ impl Locker {
 
     /// Locks every key, or none, waiting as long as it takes (like `Mutex::lock`): default
     /// TTL, auto-refresh on, exponential backoff with jitter, no deadline.
+    ///
+    /// Locks are not reentrant: a thread that locks keys one of its own guards already
+    /// holds waits for itself, forever (auto-refresh keeps the first guard's lock alive).
+    /// Where that can happen, use [`try_lock`](Self::try_lock), or a
+    /// [`timeout`](LockOptions::timeout) with [`lock_with`](Self::lock_with).
     ///
     /// # Errors
     /// [`Error::InvalidInput`] for an empty key list, an empty or repeated key;
@@ -470,9 +477,7 @@ impl LockerBuilder {
         let mut seen = Vec::with_capacity(urls.len());
         let mut pools = Vec::with_capacity(urls.len());
         for url in urls {
-            let client = self
-                .client(url.clone())
-                .map_err(|e| Error::InvalidInput(format!("bad redis connection info: {e}")))?;
+            let client = self.client(url.clone()).map_err(bad_url)?;
             let info = client.get_connection_info();
             let node = info.addr().to_string();
             if seen.contains(&node) {
@@ -524,19 +529,17 @@ impl LockerBuilder {
                 "build_cluster needs at least one seed node URL".into(),
             ));
         }
-        let invalid =
-            |e: redis::RedisError| Error::InvalidInput(format!("bad redis connection info: {e}"));
         let infos = seeds
             .iter()
             .map(|seed| seed.clone().into_connection_info())
             .collect::<redis::RedisResult<Vec<_>>>()
-            .map_err(invalid)?;
+            .map_err(bad_url)?;
         let mut listen = Vec::with_capacity(infos.len());
         for info in &infos {
-            let client = self.client(info.clone()).map_err(invalid)?;
+            let client = self.client(info.clone()).map_err(bad_url)?;
             listen.push(Pool::build_lazy(client, 1, self.bounds));
         }
-        let client = self.cluster_client(infos).map_err(invalid)?;
+        let client = self.cluster_client(infos).map_err(bad_url)?;
         let cluster = ClusterPool::build(client, self.pool_size, self.bounds)?;
         Ok(self.locker(Backend::Cluster(Arc::new(cluster), listen)))
     }
@@ -573,13 +576,14 @@ impl LockerBuilder {
     /// A locker on a new pool of connections to `url` (`redis://[user:password@]host:port/db`).
     ///
     /// # Errors
-    /// [`Error::InvalidInput`] for a malformed URL or a zero size or timeout, [`Error::Pool`]
-    /// when the server cannot be reached within the checkout timeout.
+    /// [`Error::InvalidInput`] for a malformed URL or a zero size or timeout;
+    /// [`Error::Redis`] at once when the first connection fails (refused, unknown host,
+    /// wrong password, no such database, or no answer within the connect and I/O
+    /// timeouts); [`Error::Pool`] when the others cannot be made within the checkout
+    /// timeout.
     pub fn build<T: IntoConnectionInfo>(self, url: T) -> Result<Locker> {
         self.check()?;
-        let client = self
-            .client(url)
-            .map_err(|e| Error::InvalidInput(format!("bad redis connection info: {e}")))?;
+        let client = self.client(url).map_err(bad_url)?;
         let pool = Pool::build(client, self.pool_size, self.bounds)?;
         Ok(self.locker(Backend::Single(pool)))
     }
@@ -660,6 +664,20 @@ impl LockerBuilder {
     }
 }
 
+/// A URL (or connection info) that redis-rs cannot use. The URL itself is not repeated:
+/// it may hold a password.
+fn bad_url(e: redis::RedisError) -> Error {
+    let tls = if cfg!(feature = "tls") {
+        "rediss:// for TLS"
+    } else {
+        "rediss:// for TLS with the `tls` feature"
+    };
+    Error::InvalidInput(format!(
+        "invalid Redis URL ({e}): use redis://[user:password@]host[:port][/db], {tls}, or \
+         redis+unix:///path/to/socket"
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -688,8 +706,15 @@ mod tests {
     }
 
     #[test]
-    fn malformed_url_is_invalid_input() {
-        let err = Locker::connect("http://nope").unwrap_err();
+    fn malformed_url_is_invalid_input_naming_the_schemes() {
+        let err = Locker::connect("http://user:secret@nope").unwrap_err();
         assert!(matches!(err, Error::InvalidInput(_)), "{err:?}");
+        let text = err.to_string();
+        assert!(text.contains("invalid Redis URL"), "{text}");
+        assert!(
+            text.contains("redis://") && text.contains("rediss://"),
+            "{text}"
+        );
+        assert!(!text.contains("secret"), "{text}");
     }
 }

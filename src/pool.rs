@@ -53,6 +53,10 @@ impl Pool {
     /// wrong address or a dead server is reported here.
     pub(crate) fn build(client: Client, size: u32, bounds: Bounds) -> Result<Pool> {
         let connector = BoundedClient { client, bounds };
+        // One connection first, to report what went wrong at once (r2d2 would retry a
+        // refused port or a wrong password until its checkout timeout, then report only
+        // that it timed out).
+        r2d2::ManageConnection::connect(&connector)?;
         let pool = r2d2::Pool::builder()
             .max_size(size)
             // r2d2 would PING on every checkout: a round trip more per lock operation.

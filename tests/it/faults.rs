@@ -17,16 +17,32 @@ fn timed<T>(f: impl FnOnce() -> T) -> (T, Duration) {
 }
 
 #[test]
-fn closed_port_gives_a_pool_error_within_the_bounds() {
-    let url = format!("redis://127.0.0.1:{}/", free_port());
-    let (result, took) = timed(|| tight().build(url));
-    match result {
-        Err(err @ Error::Pool(_)) => {
-            assert!(err.to_string().starts_with("no redis connection"), "{err}");
-        }
-        other => panic!("expected a pool error, got {other:?}"),
+fn permanent_connect_errors_come_back_at_once_saying_what_happened() {
+    let server = RedisServer::start();
+    server.query::<String>(&["ACL", "SETUSER", "app", "on", ">right", "+@all", "~*"]);
+    let port = server
+        .url()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .trim_end_matches('/')
+        .to_string();
+    let cases = [
+        (format!("redis://127.0.0.1:{}/", free_port()), "refused"),
+        ("redis://no-such-host.invalid/".to_string(), "host"),
+        (format!("redis://127.0.0.1:{port}/99"), "database"),
+        (format!("redis://app:wrong@127.0.0.1:{port}/"), "password"),
+    ];
+    for (url, says) in cases {
+        // Default bounds: a checkout timeout of 3 s that none of these waits for.
+        let (result, took) = timed(|| Locker::connect(url.as_str()));
+        let err = result.expect_err(&url);
+        assert!(matches!(err, Error::Redis(_)), "{url}: {err:?}");
+        let text = err.to_string();
+        assert!(text.contains(says), "{url}: {text}");
+        assert!(!text.contains("pool_size"), "{url}: {text}");
+        assert!(took < Duration::from_secs(1), "{url}: took {took:?}");
     }
-    assert!(took < LIMIT, "took {took:?}");
 }
 
 #[test]
@@ -57,7 +73,10 @@ fn paused_server_gives_errors_within_the_bounds() {
     assert!(took < LIMIT, "drop took {took:?}");
 
     let (result, took) = timed(|| tight().build(server.url()));
-    assert!(matches!(result, Err(Error::Pool(_))), "{result:?}");
+    match result {
+        Err(err @ Error::Redis(_)) => assert!(err.to_string().contains("not answering")),
+        other => panic!("expected a Redis error, got {other:?}"),
+    }
     assert!(took < LIMIT, "connect took {took:?}");
 
     // Once the server is back, the same locker works again without help.
