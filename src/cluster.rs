@@ -26,7 +26,7 @@ use crate::{Error, LockOptions, Result};
 pub(crate) struct ClusterPool {
     pool: r2d2::Pool<ClusterConnector>,
     masters: Mutex<Masters>,
-    /// Masters whose refresh failed in the last round: asked last in the next one.
+    /// Masters whose last call failed without an answer: asked last (see `per_master`).
     suspects: Mutex<HashSet<String>>,
 }
 
@@ -154,11 +154,10 @@ impl ClusterPool {
     }
 
     /// Refreshes a batch with one script call per slot its locks use, one slot after
-    /// another; a lock is held when every part of it was, since its earliest part was
-    /// sent. Once a slot's request fails, the other slots of its master are not asked in
-    /// this round, and masters that failed last round are asked after the others: so a
-    /// frozen master costs a round one timeout, and does not hold up the other masters'
-    /// locks. Their locks are unknown (retried); an error only when nothing was answered.
+    /// another, [`per_master`](Self::per_master): a frozen master costs a round one
+    /// timeout, and does not hold up the other masters' locks. A lock is held when every
+    /// part of it was, since its earliest part was sent. Locks with a part not answered are
+    /// unknown (retried); an error only when nothing was answered.
     pub(crate) fn refresh(&self, locks: &[Refresh<'_>]) -> Result<Vec<Refreshed>> {
         let mut parts: BTreeMap<u16, Part> = BTreeMap::new();
         for (i, lock) in locks.iter().enumerate() {
@@ -166,34 +165,12 @@ impl ClusterPool {
                 parts.entry(slot).or_default().push((i, keys));
             }
         }
-        // With each slot's master, as far as the map knows it.
-        let mut parts: Vec<(Option<String>, Part)> = {
-            let masters = self.masters.lock();
-            parts
-                .into_iter()
-                .map(|(slot, part)| (masters.of(slot).map(str::to_string), part))
-                .collect()
-        };
-        let suspects = std::mem::take(&mut *self.suspects.lock());
-        parts.sort_by_key(|(master, _)| master.as_ref().is_some_and(|m| suspects.contains(m)));
-        let mut failed: HashSet<String> = HashSet::new();
         // Per lock: `None` until a part is answered.
         let mut found: Vec<Option<Refreshed>> = vec![None; locks.len()];
         let mut failure = None;
         let mut answered = parts.is_empty();
-        for (master, part) in &parts {
-            let refreshed = match master {
-                Some(master) if failed.contains(master) => Err(skipped()),
-                _ => self.refresh_part(locks, part),
-            };
-            match &refreshed {
-                Ok(_) => answered = true,
-                // The master did not answer (not a refusal, not a busy pool).
-                Err(Error::Redis(e)) if !matches!(e.kind(), ErrorKind::Server(_)) => {
-                    failed.extend(master.clone());
-                }
-                Err(_) => {}
-            }
+        for (part, refreshed) in self.per_master(parts, |part| self.refresh_part(locks, part)) {
+            answered |= refreshed.is_ok();
             for (n, (i, _)) in part.iter().enumerate() {
                 let this = match &refreshed {
                     Ok((held, sent_at)) if held.get(n) == Some(&true) => {
@@ -216,7 +193,6 @@ impl ClusterPool {
                 failure.get_or_insert(e);
             }
         }
-        *self.suspects.lock() = failed;
         // After the round, so that asking (a random node, maybe the frozen one) never
         // delays the refreshes themselves.
         if self.masters.lock().is_stale() {
@@ -229,6 +205,58 @@ impl ClusterPool {
                 .map(|found| found.unwrap_or(Refreshed::Unknown))
                 .collect()),
         }
+    }
+
+    /// Runs `call` on each slot's part of a request, one after another, grouped by master
+    /// as far as the slot map knows them: once a part's call fails without an answer (a
+    /// timeout, a closed connection; not an error reply, not a busy pool), the other parts
+    /// of its master are not sent and get a [`skipped`] error, and the master becomes a
+    /// suspect until it answers again. Suspects are asked after the others. So a frozen
+    /// master costs a request one failed call, whatever its number of slots, and the
+    /// other masters are asked first. Lazy: a caller may stop at a failure.
+    fn per_master<'a, P, T>(
+        &'a self,
+        parts: impl IntoIterator<Item = (u16, P)>,
+        mut call: impl FnMut(&P) -> Result<T> + 'a,
+    ) -> impl Iterator<Item = (P, Result<T>)> + 'a
+    where
+        P: 'a,
+        T: 'a,
+    {
+        // With each slot's master: suspects last, else in slot order.
+        let mut parts: Vec<(Option<String>, P)> = {
+            let masters = self.masters.lock();
+            parts
+                .into_iter()
+                .map(|(slot, part)| (masters.of(slot).map(str::to_string), part))
+                .collect()
+        };
+        {
+            let suspects = self.suspects.lock();
+            parts.sort_by_key(|(master, _)| master.as_ref().is_some_and(|m| suspects.contains(m)));
+        }
+        let mut failed: HashSet<String> = HashSet::new();
+        parts.into_iter().map(move |(master, part)| {
+            let Some(master) = master else {
+                let outcome = call(&part);
+                return (part, outcome);
+            };
+            if failed.contains(&master) {
+                return (part, Err(skipped()));
+            }
+            let outcome = call(&part);
+            match &outcome {
+                Err(Error::Redis(e)) if !matches!(e.kind(), ErrorKind::Server(_)) => {
+                    failed.insert(master.clone());
+                    self.suspects.lock().insert(master);
+                }
+                Ok(_) | Err(Error::Redis(_)) => {
+                    self.suspects.lock().remove(&master);
+                }
+                Err(_) => {}
+            }
+            (part, outcome)
+        })
     }
 
     /// One slot's part of a refresh round: whether each lock's part is held, and when the
@@ -276,11 +304,11 @@ impl ClusterPool {
 /// the batch and those keys.
 type Part = Vec<(usize, Vec<String>)>;
 
-/// A part of a refresh round not sent, as its master had just failed.
+/// A part of a request not sent, as its master had just failed.
 fn skipped() -> Error {
     Error::Redis(RedisError::from((
         ErrorKind::Io,
-        "not asked: another slot of the same master failed in this round",
+        "not asked: another slot of the same master failed in this request",
     )))
 }
 
