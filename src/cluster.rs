@@ -276,25 +276,33 @@ impl ClusterPool {
         Ok((held, sent_at))
     }
 
-    /// Releases every slot's part; `false` when some part was no longer held.
+    /// Releases every slot's part, [`per_master`](Self::per_master): what a frozen
+    /// master's other slots hold is not asked for, and expires with its TTL. `false` when
+    /// some part was no longer held; the first error when a part could not be released.
     pub(crate) fn release(&self, keys: &[String], value: &str, channels: &str) -> Result<bool> {
         let mut released = true;
         let mut failure = None;
-        for (_, keys) in by_slot(keys) {
-            match self.run(|con| scripts::release(con, &keys, value, channels)) {
+        let release =
+            |keys: &Vec<String>| self.run(|con| scripts::release(con, keys, value, channels));
+        for (_, outcome) in self.per_master(by_slot(keys), release) {
+            match outcome {
                 Ok(held) => released &= held,
-                Err(e) => failure = Some(e),
+                // The first: later ones may just be skipped parts.
+                Err(e) => {
+                    failure.get_or_insert(e);
+                }
             }
         }
         failure.map_or(Ok(released), Err)
     }
 
     /// The shortest remaining TTL over all slots' parts; `None` when a part is not held.
+    /// Stops at the first part that cannot be asked (suspect masters are asked last).
     pub(crate) fn ttl(&self, keys: &[String], value: &str) -> Result<Option<Duration>> {
         let mut shortest = Some(Duration::MAX);
-        for (_, keys) in by_slot(keys) {
-            let ttl = self.run(|con| scripts::ttl(con, &keys, value))?;
-            shortest = shortest.zip(ttl).map(|(a, b)| a.min(b));
+        let ttl = |keys: &Vec<String>| self.run(|con| scripts::ttl(con, keys, value));
+        for (_, ttl) in self.per_master(by_slot(keys), ttl) {
+            shortest = shortest.zip(ttl?).map(|(a, b)| a.min(b));
         }
         Ok(shortest)
     }

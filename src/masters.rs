@@ -1,6 +1,7 @@
 //! Which master serves each hash slot, as a cluster last said (`CLUSTER SLOTS`): so that
-//! a refresh round skips a master's other slots once one of them timed out, and asks the
-//! masters that failed last time after the others.
+//! a request over several slots (a refresh round, a release, a TTL query) skips a master's
+//! other slots once one of them timed out, and asks the masters that failed last time
+//! after the others.
 
 use std::time::{Duration, Instant};
 

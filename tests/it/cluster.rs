@@ -1,5 +1,5 @@
 //! Redis Cluster: a private three-master cluster, keys in one slot and across slots, a
-//! slot moved to another master while a lock is held.
+//! slot moved to another master while a lock is held, a frozen master.
 
 use std::thread;
 use std::time::{Duration, Instant};
@@ -303,4 +303,92 @@ fn a_multi_key_lock_waits_while_its_slot_is_being_moved() {
     assert!(!waiting.is_finished(), "waits while the slot moves");
     cluster.finish_migration(slot, from, to);
     waiting.join().unwrap().unwrap();
+}
+
+#[test]
+fn a_frozen_master_costs_a_release_one_failed_call_not_one_per_slot() {
+    let cluster = RedisCluster::start();
+    let io = Duration::from_millis(200);
+    let checkout = Duration::from_millis(400);
+    let locker = Locker::builder()
+        .pool_size(2)
+        .io_timeout(io)
+        .connect_timeout(io)
+        .checkout_timeout(checkout)
+        .build_cluster(&cluster.urls())
+        .expect("connect to the test's cluster");
+    // A call on a frozen master fails after up to about three I/O timeouts (the client
+    // reconnects and retries once), maybe after waiting for a connection to replace the
+    // one that failed. Allow two such calls; one per slot would be several times that.
+    let bound = 2 * (3 * io + checkout);
+    // Three locks of 30 keys each, about a third of them on the master to freeze. Not
+    // refreshed, so that only the calls below use the pool.
+    let options = LockOptions::default()
+        .across_slots(true)
+        .auto_refresh(false)
+        .ttl(Duration::from_secs(60));
+    let frozen = cluster.owner_of(RedisCluster::slot("drop0"));
+    let lock = |name: &str| {
+        let keys: Vec<String> = (0..30).map(|i| format!("{name}{i}")).collect();
+        let guard = locker.lock_with(&keys, options.clone()).unwrap();
+        // Each key with its master, asked before the freeze (node 0 may be the frozen one).
+        let on_healthy: Vec<(String, usize)> = keys
+            .into_iter()
+            .map(|key| {
+                let owner = cluster.owner_of(RedisCluster::slot(&key));
+                (key, owner)
+            })
+            .filter(|(_, owner)| *owner != frozen)
+            .collect();
+        assert!(
+            (5..=25).contains(&(30 - on_healthy.len())),
+            "{} of 30 on the frozen master",
+            30 - on_healthy.len()
+        );
+        (guard, on_healthy)
+    };
+    let (dropped, dropped_on_healthy) = lock("drop");
+    let (released, released_on_healthy) = lock("release");
+    let (asked, _) = lock("ttl");
+
+    // All within the cluster's node timeout (5 s): later, the other masters take the
+    // frozen one for failed, and refuse every slot (CLUSTERDOWN).
+    cluster.pause(frozen);
+    let started = Instant::now();
+    drop(dropped);
+    let drop_took = started.elapsed();
+    let started = Instant::now();
+    let release = released.release();
+    let release_took = started.elapsed();
+    let started = Instant::now();
+    let ttl = asked.ttl();
+    let ttl_took = started.elapsed();
+    // Asked while the master is still frozen (and, should the calls above have been too
+    // slow, the cluster already down: checked after their times).
+    let left: Vec<_> = dropped_on_healthy
+        .iter()
+        .chain(&released_on_healthy)
+        .map(|(key, owner)| {
+            let value = cluster.try_query::<Option<String>>(*owner, redis::cmd("GET").arg(key));
+            (key, value)
+        })
+        .filter(|(_, value)| !matches!(value, Ok(None)))
+        .collect();
+    cluster.resume(frozen);
+
+    assert!(drop_took < bound, "drop took {drop_took:?}");
+    assert!(release_took < bound, "release took {release_took:?}");
+    assert!(ttl_took < bound, "ttl took {ttl_took:?}");
+    assert!(left.is_empty(), "not released on healthy masters: {left:?}");
+    match release {
+        Err(Error::Redis(e)) => assert!(
+            !e.to_string().contains("not asked"),
+            "the failed call's error, not a skipped slot's: {e}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(ttl, Err(Error::Redis(_))), "{ttl:?}");
+    // Once the master is back, the same guard is asked and released in full.
+    assert!(asked.ttl().unwrap().is_some());
+    asked.release().unwrap();
 }
