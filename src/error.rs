@@ -6,6 +6,15 @@ use std::fmt;
 /// elsewhere ([`NotObtained`](Error::NotObtained)), a lock we held is gone
 /// ([`LockLost`](Error::LockLost)), and Redis could not be asked
 /// ([`Redis`](Error::Redis) or [`Pool`](Error::Pool)).
+///
+/// | error | meaning | what to do |
+/// |---|---|---|
+/// | `NotObtained` | another owner holds a key; retries or timeout ran out (on Redlock, also: too few servers answered) | try later |
+/// | `LockLost` | the lock expired or was taken over | the critical section may not have been exclusive |
+/// | `InvalidInput(..)` | bad keys, TTL, token, URL or settings; nothing was sent | fix the call |
+/// | `WrongType { key, kind }` | a key holds a list, hash, ...; it was left untouched | use another key |
+/// | `Redis(..)`, `Pool(..)` | Redis could not be asked (down, frozen, timed out) or refused | check the server |
+/// | `Random(..)`, `Refresher(..)` | the OS could not give random bytes or a thread | rare; check the host |
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Error {

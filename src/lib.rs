@@ -1,39 +1,77 @@
 //! Distributed locks on Redis: blocking, multi-key and all-or-nothing, with RAII guards.
 //!
+//! A [`Locker`] holds a pool of connections (to one server, a quorum of independent ones,
+//! or a cluster); [`Locker::lock`] returns a [`LockGuard`], which a background thread keeps
+//! alive and which releases the lock when it drops.
+//!
 //! ```no_run
 //! use std::time::Duration;
-//! use redguard::{LockOptions, Locker, Retry};
+//! use redguard::{Error, LockGuard, LockOptions, Locker, Retry};
 //!
 //! # fn main() -> Result<(), redguard::Error> {
+//! // A pool of 16 connections, default TTL 30 s.
 //! let locker = Locker::connect("redis://127.0.0.1/")?;
+//! // Or with every setting spelled out (each setter's doc gives its default).
+//! let tuned = Locker::builder()
+//!     .pool_size(16)
+//!     .default_ttl(Duration::from_secs(30))
+//!     .connect_timeout(Duration::from_secs(2)) // TCP connect + handshake
+//!     .io_timeout(Duration::from_secs(2))      // every read and write
+//!     .checkout_timeout(Duration::from_secs(3)) // waiting for a pooled connection
+//!     .prefix("locks:")                        // before every key in Redis (for ACLs)
+//!     .build("redis://127.0.0.1:6379/")?;
 //!
-//! // Both keys or neither; waits until held; refreshed in the background; released on drop.
-//! let guard = locker.lock(&["account:1", "account:2"])?;
-//! assert!(!guard.is_lost());
-//! drop(guard);
+//! // Both keys or neither; waits until held, like Mutex::lock (exponential backoff with
+//! // jitter, no deadline); refreshed in the background; released on drop.
+//! let guard: LockGuard = locker.lock(&["account:1", "account:2"])?;
+//! guard.keys();        // ["account:1", "account:2"]
+//! guard.token();       // 32 hex characters, 128 random bits
+//! guard.ttl()?;        // Option<Duration>: the server's shortest TTL; None once lost
+//! guard.refresh(Duration::from_secs(60))?; // Err(LockLost) when no longer held
+//! assert!(!guard.is_lost()); // no round trip: check it before each step
+//! guard.release()?;    // or let it drop (best effort, bounded, never panics)
 //!
-//! // One attempt only.
-//! if let Some(_guard) = locker.try_lock(&["report"])? {
+//! // Exactly one attempt: None when another owner holds a key.
+//! if let Some(_guard) = tuned.try_lock(&["report"])? {
 //!     // ...
 //! }
 //!
 //! // Everything spelled out.
 //! let guard = locker.lock_with(&["job"], LockOptions::default()
 //!     .ttl(Duration::from_millis(500))
-//!     .timeout(Duration::from_secs(2))
-//!     .retry(Retry::linear(Duration::from_millis(50)))
-//!     .metadata("worker-7"))?;
-//! guard.release()?;
+//!     .timeout(Duration::from_secs(2))                 // then Err(NotObtained)
+//!     .retry(Retry::linear(Duration::from_millis(50))) // or none(), exponential(..), .limit(n)
+//!     .metadata("worker-7")                            // stored after the token
+//!     .token("worker-7")                               // a fixed owner: re-obtains its keys
+//!     .fencing(true)                                   // guard.fence(): rises per key
+//!     .auto_refresh(false))?;
+//! match guard.release() {
+//!     Err(Error::LockLost) => eprintln!("the lock expired before the work was done"),
+//!     other => other?,
+//! }
 //! # Ok(()) }
 //! ```
 //!
+//! `Locker` is a cheap `Clone` and `Send + Sync`: share it between threads. A `LockGuard` is
+//! `Send`, owns what it needs (it may outlive its `Locker`), and has nothing to deref to.
+//! [`Error`] keeps apart what callers must handle differently.
+//!
 //! # How it works
 //! Each key stores the owner's token (16 random bytes, hex; a fixed token of another form as
-//! `<length>:<token>`) followed by optional metadata, with a TTL in milliseconds. Acquiring runs one Lua script that sets every key with
-//! MSETNX or none of them (a single free key is simply `SET NX PX`); refresh, release and TTL checks run scripts that act only when
-//! every key still holds exactly the guard's value. One background thread per [`Locker`]
-//! refreshes all of its auto-refreshed guards at about a third of their TTL, in one
-//! script call (one round trip) per wake-up, and marks a guard lost when its lock is gone.
+//! `<length>:<token>`) followed by optional metadata, with a TTL in milliseconds. Acquiring
+//! runs one Lua script that sets every key with MSETNX or none of them (a single free key
+//! is simply `SET NX PX`); refresh and TTL checks run scripts that act only when every key
+//! still holds exactly the guard's value, and release deletes the keys that still do. One
+//! background thread per [`Locker`] refreshes all of its auto-refreshed guards at about a
+//! third of their TTL, in one script call (one round trip) per wake-up, and marks a guard
+//! lost when its lock is gone. Waiters are woken by a publish on release. The whole
+//! story is in the [guide]: [semantics](guide::semantics), [fencing](guide::fencing),
+//! [security](guide::security), [scaling out](guide::scaling_out) (Redlock, Cluster) and
+//! [performance](guide::performance).
+//!
+//! # Defaults and limits
+//! TTL 30 s, auto-refresh on, no deadline, locks not reentrant; 1 to [`MAX_KEYS`] (1024)
+//! keys, none empty or repeated; a TTL from 1 ms to [`MAX_TTL`].
 //!
 //! # What this does not guarantee
 //! - A lock is a lease: after a pause longer than the TTL (GC, SIGSTOP, a slow network)
@@ -41,13 +79,15 @@
 //!   [`LockGuard::is_lost`] tells you when that is known, not before. Use such locks for
 //!   efficiency (avoiding duplicate work), or, for correctness, take them with
 //!   [`LockOptions::fencing`] and make the protected resource refuse tokens smaller than
-//!   the largest it has seen (the tokens rise only while Redis keeps its counters: see there).
+//!   the largest it has seen (the tokens rise only while Redis keeps its counters: see
+//!   [fencing](guide::fencing)).
 //! - One Redis server: if it loses data (restart without persistence, failover to a replica
 //!   that had not seen the write) a lock can be granted twice. A quorum of independent
 //!   servers ([`LockerBuilder::build_redlock`]) survives a minority of them failing, under
 //!   timing assumptions, and gives no fencing tokens; a Redis Cluster
 //!   ([`LockerBuilder::build_cluster`]) spreads locks over masters, each slot with the
-//!   guarantees of one server. The README's "Scaling out" says what each one guarantees.
+//!   guarantees of one server. [Scaling out](guide::scaling_out) says what each one
+//!   guarantees.
 //! - Expiry runs on the server's clock; this process counts the TTL from before it sent the
 //!   request, less an allowance for a server clock running faster than ours (1% of the TTL
 //!   and 2 ms), so it considers a lock lost before the server expires it — unless the
@@ -56,21 +96,30 @@
 //!   [`LockGuard::is_lost`] still says `false` until the next refresh finds it gone), or
 //!   the same fixed token re-obtains the keys with a shorter TTL (the old guard does not
 //!   know).
+//! - An acquire whose reply is lost to a timeout may still have taken the keys; they expire
+//!   with their TTL.
+//! - Two guards with the same fixed token *and* metadata are one lock to Redis: releasing
+//!   either releases both.
+//! - Waiting is not fair: every waiter of a released key retries at once, and the thread
+//!   that released may take the lock straight back (about a quarter of the time in the
+//!   contended benchmark). No thread starved there, but nothing guarantees order.
 //!
 //! # Features
-//! - `tls`: `rediss://` URLs, through rustls with ring. rustls needs a process-wide crypto
-//!   provider, which redis-rs takes as it finds it: when a locker for `rediss://` servers is
-//!   built and none is set yet, ring is installed as that default. A provider the
-//!   application installed first is kept; a locker without TLS sets nothing. An
-//!   application that wants another provider installs it before it builds such a locker.
+//! - `tls`: `rediss://` URLs, through rustls with ring (no OpenSSL); see
+//!   [security](guide::security). rustls needs a process-wide crypto provider, which
+//!   redis-rs takes as it finds it: when a locker for `rediss://` servers is built and none
+//!   is set yet, ring is installed as that default. A provider the application installed
+//!   first is kept; a locker without TLS sets nothing. An application that wants another
+//!   provider installs it before it builds such a locker.
 
-#![warn(missing_docs)]
+#![warn(missing_docs, rustdoc::broken_intra_doc_links)]
 
 mod backend;
 mod cluster;
 mod error;
 mod fence;
 mod guard;
+pub mod guide;
 mod held;
 mod locker;
 mod masters;

@@ -441,8 +441,8 @@ impl LockerBuilder {
     ///
     /// Each node gets a pool of [`pool_size`](Self::pool_size) connections, made in the
     /// background. Fencing tokens are refused here (separate counters on separate servers
-    /// cannot make one rising sequence). See the README's "Scaling out" for what this does
-    /// and does not guarantee.
+    /// cannot make one rising sequence). See [scaling out](crate::guide::scaling_out) for
+    /// what this does and does not guarantee.
     ///
     /// ```no_run
     /// # fn main() -> Result<(), redguard::Error> {

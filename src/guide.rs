@@ -1,0 +1,17 @@
+//! The manual: what redguard does, exactly, chapter by chapter. Nothing here is code; each
+//! module is a page.
+
+#[doc = include_str!("../docs/semantics.md")]
+pub mod semantics {}
+
+#[doc = include_str!("../docs/fencing.md")]
+pub mod fencing {}
+
+#[doc = include_str!("../docs/security.md")]
+pub mod security {}
+
+#[doc = include_str!("../docs/scaling_out.md")]
+pub mod scaling_out {}
+
+#[doc = include_str!("../docs/performance.md")]
+pub mod performance {}

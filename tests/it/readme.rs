@@ -1,0 +1,32 @@
+//! README.md's program is `examples/readme.rs`, shown as it is, and it runs.
+
+use std::process::Command;
+
+use crate::server::RedisServer;
+
+#[test]
+fn readme_shows_the_readme_example_and_it_runs() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let readme = std::fs::read_to_string(format!("{root}/README.md")).unwrap();
+    let example = std::fs::read_to_string(format!("{root}/examples/readme.rs")).unwrap();
+    // Everything after the file's first line (its doc comment).
+    let (_, program) = example.split_once('\n').unwrap();
+    assert!(
+        readme.contains(&format!("```rust\n{program}```")),
+        "README.md does not show examples/readme.rs as it is"
+    );
+
+    // `cargo test` builds the examples next to this binary's directory.
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap().join("examples");
+    let server = RedisServer::start();
+    let output = Command::new(dir.join("readme"))
+        .env("REDIS_URL", server.url())
+        .output()
+        .expect("cargo test builds examples/readme.rs");
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "report rebuilt: 385\n"
+    );
+}
