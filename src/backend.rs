@@ -107,6 +107,18 @@ impl Backend {
         }
     }
 
+    /// What happened when a refresh found a lock [`Refreshed::Unknown`].
+    pub(crate) fn undecided(&self) -> redis::RedisError {
+        match self {
+            Backend::Quorum(_) => quorum::undecided(),
+            // On a cluster, a lock across slots some of whose masters could not be asked.
+            Backend::Single(_) | Backend::Cluster(..) => redis::RedisError::from((
+                redis::ErrorKind::Io,
+                "some of the lock's hash slots could not be refreshed",
+            )),
+        }
+    }
+
     /// Deletes the keys if they hold `value`; `false` when the lock was not held.
     pub(crate) fn release(&self, keys: &[String], value: &str, channels: &str) -> Result<bool> {
         match self {

@@ -118,7 +118,7 @@ impl LockGuard {
         };
         let sent_at = match self.shared.backend.refresh(std::slice::from_ref(&lock))?[..] {
             [Refreshed::Held { sent_at }] => sent_at,
-            [Refreshed::Unknown] => return Err(Error::Redis(partly_unknown())),
+            [Refreshed::Unknown] => return Err(Error::Redis(self.shared.backend.undecided())),
             _ => {
                 self.held.mark_lost();
                 return Err(Error::LockLost);
@@ -174,14 +174,6 @@ impl LockGuard {
             .backend
             .release(&self.held.keys, &self.held.value, channels)
     }
-}
-
-/// On a cluster, a lock across slots some of whose masters could not be asked.
-fn partly_unknown() -> redis::RedisError {
-    redis::RedisError::from((
-        redis::ErrorKind::Io,
-        "some of the lock's hash slots could not be refreshed",
-    ))
 }
 
 impl Drop for LockGuard {

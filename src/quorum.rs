@@ -36,6 +36,8 @@ struct Health {
     next_rest: Duration,
     /// How long its last reply took, from the start of its request.
     reply_time: Option<Duration>,
+    /// Why it last failed, until it answers: what a request that leaves it out reports.
+    last_error: Option<RedisError>,
 }
 
 const FIRST_REST: Duration = Duration::from_millis(50);
@@ -50,6 +52,9 @@ struct Tally {
     elsewhere: usize,
     /// A node's report of a key of another Redis type.
     wrong_type: Option<Acquired>,
+    /// The first refusal (an error reply: NOPERM, READONLY, OOM...), of a node asked or
+    /// of one left out since it gave it.
+    refused: Option<RedisError>,
 }
 
 /// The outcome of an attempt: held when a majority took it in time.
@@ -58,6 +63,7 @@ fn decide(tally: Tally, majority: usize, in_time: bool) -> Result<Acquired> {
         taken,
         elsewhere,
         wrong_type,
+        refused,
     } = tally;
     if taken >= majority && in_time {
         // `fresh` is not used after a quorum vote: the take-back looks at each node.
@@ -70,8 +76,12 @@ fn decide(tally: Tally, majority: usize, in_time: bool) -> Result<Acquired> {
         return Ok(wrong);
     }
     if taken + elsewhere < majority {
-        // Too few nodes answered: waiting would not help until they are back.
-        return Ok(Acquired::NoQuorum);
+        // Too few nodes answered. A node that refused says why (waiting will not help);
+        // else waiting would not help until they are back.
+        return match refused {
+            Some(refusal) => Err(Error::Redis(refusal)),
+            None => Ok(Acquired::NoQuorum),
+        };
     }
     Ok(match taken {
         0 => Acquired::HeldElsewhere,
@@ -89,6 +99,7 @@ impl Quorum {
                     rest_until: None,
                     next_rest: FIRST_REST,
                     reply_time: None,
+                    last_error: None,
                 }),
             })
             .collect();
@@ -123,7 +134,9 @@ impl Quorum {
     /// reply did not come in time is sent the take-back on the same connection, so that
     /// it runs after the acquire should the node wake up.
     ///
-    /// [`Acquired::NoQuorum`] when fewer than a majority of the nodes answered.
+    /// When fewer than a majority of the nodes answered: the first refusal among them (an
+    /// error reply, or the last one of a node left out since) as [`Error::Redis`], else
+    /// [`Acquired::NoQuorum`] (none could be reached in time).
     pub(crate) fn acquire(&self, attempt: &Attempt<'_>) -> Result<Acquired> {
         let started = Instant::now();
         let take_back = || scripts::release_call(attempt.keys, attempt.value, "");
@@ -146,6 +159,9 @@ impl Quorum {
                     tally.wrong_type = Some(wrong);
                 }
                 Ok(_) => tally.elsewhere += 1,
+                Err(Error::Redis(e)) if refused(&e) => {
+                    tally.refused.get_or_insert(e);
+                }
                 Err(_) => {}
             }
         }
@@ -193,7 +209,8 @@ impl Quorum {
         let (answers, silent) =
             self.answers(&release, |reply| Ok(scripts::parse_released(reply)?))?;
         let held = answers.into_iter().filter(|&held| held).count();
-        self.count(held, silent).ok_or_else(undecided)
+        self.count(held, silent)
+            .ok_or_else(|| Error::Redis(undecided()))
     }
 
     /// How long a majority of the nodes will still hold the lock: the TTL of the node at
@@ -208,7 +225,7 @@ impl Quorum {
         match self.count(ttls.len(), silent) {
             Some(true) => Ok(ttls.get(self.majority() - 1).copied()),
             Some(false) => Ok(None),
-            None => Err(undecided()),
+            None => Err(Error::Redis(undecided())),
         }
     }
 
@@ -224,8 +241,9 @@ impl Quorum {
         }
     }
 
-    /// The parsed answers of the nodes that gave one, and how many did not; an error (one
-    /// of the failures) when fewer than a majority answered.
+    /// The parsed answers of the nodes that gave one, and how many did not; an error when
+    /// fewer than a majority answered: the first refusal (see [`refused`]) if any, as it
+    /// says what to fix, else the first failure.
     fn answers<T>(
         &self,
         call: &Call,
@@ -236,7 +254,14 @@ impl Quorum {
         for reply in self.fan_out(call, None, None) {
             match reply.and_then(&parse) {
                 Ok(answer) => answers.push(answer),
-                Err(e) => failure = Some(e),
+                Err(e) => {
+                    let refusal =
+                        |e: &Option<Error>| matches!(e, Some(Error::Redis(e)) if refused(e));
+                    let e = Some(e);
+                    if failure.is_none() || (refusal(&e) && !refusal(&failure)) {
+                        failure = e;
+                    }
+                }
             }
         }
         let silent = self.nodes.len() - answers.len();
@@ -282,7 +307,9 @@ impl Quorum {
         let mut sent: Vec<Option<Result<(Conn, bool)>>> = (0..count)
             .map(|i| match asked(i) {
                 false => None,
-                true if resting[i] && awake >= self.majority() => Some(Err(not_asked())),
+                true if resting[i] && awake >= self.majority() => {
+                    Some(Err(self.nodes[i].not_asked()))
+                }
                 true => Some(self.nodes[i].send(&packed, deadline, probation[i], self.timeout)),
             })
             .collect();
@@ -340,14 +367,14 @@ struct Read<'a> {
 }
 
 /// The error of a lock whose state the nodes that answered cannot settle.
-fn undecided() -> Error {
-    Error::Redis(RedisError::from((
+pub(crate) fn undecided() -> RedisError {
+    RedisError::from((
         ErrorKind::Io,
         "too few nodes answered to tell whether a majority holds the lock",
-    )))
+    ))
 }
 
-/// The error of a node that was not asked.
+/// The error of a node that was not asked, when it has no failure of its own to tell.
 fn not_asked() -> Error {
     Error::Redis(RedisError::from((
         ErrorKind::Io,
@@ -355,7 +382,25 @@ fn not_asked() -> Error {
     )))
 }
 
+/// Whether a node refused the request: an error reply (NOPERM, READONLY, OOM, MISCONF,
+/// LOADING...), as opposed to no reply (a timeout, a closed connection) or a bad one.
+/// The server answered, but cannot do what it is asked: the node counts as failing.
+fn refused(e: &RedisError) -> bool {
+    // Only a server's error reply has a code (OOM, MISCONF and other codes unknown to
+    // redis-rs have `ErrorKind::Extension`, not `ErrorKind::Server`).
+    e.code().is_some()
+}
+
 impl Node {
+    /// The error of a request that left the node out: why it last failed, if it has not
+    /// answered since.
+    fn not_asked(&self) -> Error {
+        match &self.health.lock().last_error {
+            Some(e) => Error::Redis(e.clone()),
+            None => not_asked(),
+        }
+    }
+
     /// Whether the node is resting at `now` (left out after a failure), and whether it is
     /// on probation (back from a rest, or resting, and not yet shown to answer again).
     fn standing(&self, now: Instant) -> (bool, bool) {
@@ -386,12 +431,19 @@ impl Node {
     /// one ready once the server answers), else waiting until `deadline`.
     fn checkout(&self, deadline: Instant, probation: bool) -> Result<Conn> {
         if probation {
-            return self.pool.try_get().ok_or_else(not_asked);
+            return self.pool.try_get().ok_or_else(|| self.not_asked());
         }
-        self.pool.get_within(left(deadline)).inspect_err(|_| {
+        self.pool.get_within(left(deadline)).inspect_err(|e| {
             // A busy pool is not the node's fault; a pool left with no connection is.
             if !self.pool.has_connections() {
-                self.failed();
+                self.failed(&match e {
+                    Error::Redis(e) => e.clone(),
+                    _ => RedisError::from((
+                        ErrorKind::Io,
+                        "no connection to the node",
+                        e.to_string(),
+                    )),
+                });
             }
         })
     }
@@ -399,7 +451,7 @@ impl Node {
     /// Writes a request; bounded by the connection's write timeout (the node timeout).
     fn write(&self, con: &mut Conn, packed: &[u8]) -> Result<()> {
         con.run(|con| con.send_packed_command(packed))
-            .inspect_err(|_| self.failed())?;
+            .inspect_err(|e| self.failed(e))?;
         Ok(())
     }
 
@@ -434,25 +486,29 @@ impl Node {
             reply => reply,
         };
         match &reply {
-            Err(e) if !matches!(e.kind(), ErrorKind::Server(_)) => {
+            // It answered, but cannot do what it is asked (nothing was done): failing.
+            Err(e) if refused(e) => self.failed(e),
+            Err(e) => {
                 if let Some(undo) = undo {
                     // The connection is thrown away after this; the server runs what it
                     // has received, in order, should it wake up.
                     let _ = con.run(|con| con.send_packed_command(&undo()));
                 }
                 if !(late && e.is_timeout()) {
-                    self.failed();
+                    self.failed(e);
                 }
             }
-            _ => self.answered(started.elapsed()),
+            Ok(_) => self.answered(started.elapsed()),
         }
         Ok(reply?)
     }
 
-    fn failed(&self) {
+    /// Rests the node after `error`, longer each time in a row.
+    fn failed(&self, error: &RedisError) {
         let mut health = self.health.lock();
         health.rest_until = Some(Instant::now() + health.next_rest);
         health.next_rest = (health.next_rest * 2).min(LONGEST_REST);
+        health.last_error = Some(error.clone());
     }
 
     fn answered(&self, took: Duration) {
@@ -460,6 +516,7 @@ impl Node {
         health.rest_until = None;
         health.next_rest = FIRST_REST;
         health.reply_time = Some(took);
+        health.last_error = None;
     }
 }
 
@@ -478,7 +535,7 @@ mod tests {
         let tally = Tally {
             taken,
             elsewhere,
-            wrong_type: None,
+            ..Tally::default()
         };
         format!("{:?}", decide(tally, 3, in_time))
     }
@@ -520,6 +577,7 @@ mod tests {
                 key: "k".into(),
                 kind: "list".into(),
             }),
+            refused: None,
         };
         assert!(format!("{:?}", decide(wrong(), 3, true)).contains("WrongType"));
         let held = Tally {
@@ -527,5 +585,57 @@ mod tests {
             ..wrong()
         };
         assert!(matches!(decide(held, 3, true), Ok(Acquired::Yes { .. })));
+    }
+
+    /// A server's error reply, as a fan-out gets it.
+    fn reply_error(reply: &[u8]) -> RedisError {
+        match redis::parse_redis_value(reply).and_then(Value::extract_error) {
+            Err(e) => e,
+            Ok(value) => panic!("not an error reply: {value:?}"),
+        }
+    }
+
+    #[test]
+    fn a_refusal_among_too_few_answers_is_the_error() {
+        let noperm = || Some(reply_error(b"-NOPERM no permissions to run 'evalsha'\r\n"));
+        let tally = Tally {
+            taken: 2,
+            refused: noperm(),
+            ..Tally::default()
+        };
+        let outcome = decide(tally, 3, true);
+        assert!(
+            matches!(&outcome, Err(Error::Redis(e)) if e.code() == Some("NOPERM")),
+            "{outcome:?}"
+        );
+        // Enough answers to vote: another owner, not the refusal, stands in the way.
+        let tally = Tally {
+            taken: 2,
+            elsewhere: 1,
+            refused: noperm(),
+            ..Tally::default()
+        };
+        assert!(matches!(decide(tally, 3, true), Ok(Acquired::Partial)));
+    }
+
+    #[test]
+    fn error_replies_are_refusals_and_silence_is_not() {
+        for reply in [
+            &b"-NOPERM x\r\n"[..],
+            b"-READONLY x\r\n",
+            b"-OOM x\r\n",
+            b"-MISCONF x\r\n",
+            b"-LOADING x\r\n",
+            b"-ERR x\r\n",
+        ] {
+            assert!(
+                refused(&reply_error(reply)),
+                "{}",
+                String::from_utf8_lossy(reply)
+            );
+        }
+        let timeout = RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
+        assert!(!refused(&timeout));
+        assert!(!refused(&undecided()));
     }
 }
