@@ -3,9 +3,10 @@
 //! Every request goes to all nodes at once: sent to each, then each reply read, so a
 //! request costs about one round trip whatever the number of nodes, and no thread is
 //! started per request. One deadline (the node timeout) bounds the replies of all nodes
-//! together. A node that failed is left out for a while (50 ms, doubling up to 1 s while it
-//! keeps failing), then tried again on probation (see [`Quorum::fan_out`]), so that a dead
-//! or frozen node does not cost every request a timeout.
+//! together. A node that failed (no reply in time, or an error reply) is left out for a
+//! while (50 ms, doubling up to 1 s while it keeps failing), then tried again on probation
+//! (see [`Quorum::fan_out`]), so that a dead or frozen node does not cost every request a
+//! timeout. A release is still sent to every node.
 
 use std::time::{Duration, Instant};
 
@@ -125,14 +126,15 @@ impl Quorum {
     /// `Ok` when a majority of the nodes answer a PING; else one of the failures.
     pub(crate) fn ping(&self) -> Result<()> {
         let ping = Call::command(redis::cmd("PING"));
-        self.answers(&ping, Ok).map(drop)
+        self.answers(&ping, Ask::Awake, Ok).map(drop)
     }
 
     /// Takes the lock on every node that can; held when a majority took it with time to
     /// spare (what is left of the TTL after the attempt and the clock drift allowance).
-    /// Otherwise whatever was taken is taken back, without waking anyone. A node whose
+    /// Otherwise whatever was taken is taken back, without waking anyone, and a node whose
     /// reply did not come in time is sent the take-back on the same connection, so that
-    /// it runs after the acquire should the node wake up.
+    /// it runs after the acquire should the node wake up. A lock that was won keeps the
+    /// late nodes: what they take when they wake is the lock's.
     ///
     /// When fewer than a majority of the nodes answered: the first refusal among them (an
     /// error reply, or the last one of a node left out since) as [`Error::Redis`], else
@@ -140,14 +142,11 @@ impl Quorum {
     pub(crate) fn acquire(&self, attempt: &Attempt<'_>) -> Result<Acquired> {
         let started = Instant::now();
         let take_back = || scripts::release_call(attempt.keys, attempt.value, "");
-        // As EVAL: the node may not know the release script. Built only for a late reply,
-        // and not with a fixed token, whose keys may be the same owner's from before.
-        let undo = || take_back().eval_packed();
-        let undo = (!attempt.fixed_token).then_some(&undo as &dyn Fn() -> Vec<u8>);
-        let replies = self.fan_out(&scripts::acquire_call(attempt), None, undo);
+        let Replies { values, unanswered } =
+            self.fan_out(&scripts::acquire_call(attempt), Ask::Awake);
         let mut tally = Tally::default();
         let mut taken = vec![false; self.nodes.len()];
-        for (i, reply) in replies.into_iter().enumerate() {
+        for (i, reply) in values.into_iter().enumerate() {
             match reply.and_then(|reply| Ok(scripts::parse_acquired(reply)?)) {
                 Ok(Acquired::Yes { fresh, .. }) => {
                     tally.taken += 1;
@@ -169,9 +168,23 @@ impl Quorum {
         let margin = Duration::from_millis(drift_ms(attempt.ttl_ms));
         let in_time = started.elapsed() + margin < ttl;
         let outcome = decide(tally, self.majority(), in_time);
-        if !matches!(outcome, Ok(Acquired::Yes { .. })) && taken.contains(&true) {
+        if matches!(outcome, Ok(Acquired::Yes { .. })) {
+            // The late nodes' connections are thrown away, their requests left to run.
+            return outcome;
+        }
+        // Not with a fixed token, whose keys may be the same owner's from before.
+        if !unanswered.is_empty() && !attempt.fixed_token {
+            // As EVAL: the node may not know the release script.
+            let undo = take_back().eval_packed();
+            for mut con in unanswered {
+                // The connection is thrown away after this; the server runs what it has
+                // received, in order, should it wake up.
+                let _ = con.run(|con| con.send_packed_command(&undo));
+            }
+        }
+        if taken.contains(&true) {
             // Best effort: what is not taken back expires with its TTL.
-            let _ = self.fan_out(&take_back(), Some(&taken), None);
+            let _ = self.fan_out(&take_back(), Ask::Only(&taken));
         }
         outcome
     }
@@ -183,9 +196,10 @@ impl Quorum {
             return Ok(Vec::new());
         }
         let sent_at = Instant::now();
-        let (answers, silent) = self.answers(&scripts::refresh_call(locks), |reply| {
-            Ok(scripts::parse_refreshed(reply, locks.len())?)
-        })?;
+        let (answers, silent) =
+            self.answers(&scripts::refresh_call(locks), Ask::Awake, |reply| {
+                Ok(scripts::parse_refreshed(reply, locks.len())?)
+            })?;
         let mut held = vec![0; locks.len()];
         for answer in &answers {
             for (count, refreshed) in held.iter_mut().zip(answer) {
@@ -202,12 +216,15 @@ impl Quorum {
             .collect())
     }
 
-    /// Releases on every node; `true` when a majority still held the lock, `false` when
-    /// too few did even counting the nodes that did not answer.
+    /// Releases on every node, resting ones too (on probation: see
+    /// [`fan_out`](Self::fan_out)), as a node back from a short failure may hold the lock;
+    /// `true` when a majority still held it, `false` when too few did even counting the
+    /// nodes that did not answer.
     pub(crate) fn release(&self, keys: &[String], value: &str, channels: &str) -> Result<bool> {
         let release = scripts::release_call(keys, value, channels);
-        let (answers, silent) =
-            self.answers(&release, |reply| Ok(scripts::parse_released(reply)?))?;
+        let (answers, silent) = self.answers(&release, Ask::Every, |reply| {
+            Ok(scripts::parse_released(reply)?)
+        })?;
         let held = answers.into_iter().filter(|&held| held).count();
         self.count(held, silent)
             .ok_or_else(|| Error::Redis(undecided()))
@@ -217,9 +234,10 @@ impl Quorum {
     /// which fewer than a majority would remain. `None` when too few hold it, even counting
     /// the nodes that did not answer.
     pub(crate) fn ttl(&self, keys: &[String], value: &str) -> Result<Option<Duration>> {
-        let (answers, silent) = self.answers(&scripts::ttl_call(keys, value), |reply| {
-            Ok(scripts::parse_ttl(reply)?)
-        })?;
+        let (answers, silent) =
+            self.answers(&scripts::ttl_call(keys, value), Ask::Awake, |reply| {
+                Ok(scripts::parse_ttl(reply)?)
+            })?;
         let mut ttls: Vec<Duration> = answers.into_iter().flatten().collect();
         ttls.sort_unstable_by(|a, b| b.cmp(a));
         match self.count(ttls.len(), silent) {
@@ -247,11 +265,12 @@ impl Quorum {
     fn answers<T>(
         &self,
         call: &Call,
+        ask: Ask<'_>,
         parse: impl Fn(Value) -> Result<T>,
     ) -> Result<(Vec<T>, usize)> {
         let mut answers = Vec::with_capacity(self.nodes.len());
         let mut failure = None;
-        for reply in self.fan_out(call, None, None) {
+        for reply in self.fan_out(call, ask).values {
             match reply.and_then(&parse) {
                 Ok(answer) => answers.push(answer),
                 Err(e) => {
@@ -271,61 +290,59 @@ impl Quorum {
         }
     }
 
-    /// Sends `call` to every node not resting (or, with `only`, to those marked), then
-    /// reads each reply: one answer per node, in node order, each an error when the node
-    /// was not asked, failed, or did not answer in time. `undo` is written after `call` on
-    /// the connection of a node whose reply did not come in time.
+    /// Sends `call` to the nodes `ask` names, then reads each reply (see [`Replies`]).
     ///
     /// Requests are written node after node, each as soon as its connection is there
     /// (waited for until the deadline): a thread never holds a node's connection while
     /// waiting for an earlier node's, so threads sharing busy pools cannot hold each other
     /// up in a circle. While fewer than a majority of nodes are awake, resting ones are
-    /// asked too.
+    /// asked too (see [`Ask::Awake`]).
     ///
     /// A node back from a rest is on probation: it only gets a connection its pool has
     /// ready, its reply is read last and waited for only about as long as the others
     /// took, or as it took itself last time it answered (twice that, and 1 ms), unless
     /// the others alone cannot make a majority. So a frozen node costs a request a
     /// millisecond or so each time its rest ends, not the timeout.
-    fn fan_out(
-        &self,
-        call: &Call,
-        only: Option<&[bool]>,
-        undo: Option<&dyn Fn() -> Vec<u8>>,
-    ) -> Vec<Result<Value>> {
+    fn fan_out(&self, call: &Call, ask: Ask<'_>) -> Replies {
         let started = Instant::now();
         let deadline = started + self.timeout;
         let count = self.nodes.len();
-        let asked = |i: usize| only.is_none_or(|only| only.get(i) == Some(&true));
+        let asked = |i: usize| match ask {
+            Ask::Only(only) => only.get(i) == Some(&true),
+            Ask::Awake | Ask::Every => true,
+        };
         // Per node: resting (left out until its rest ends), on probation (back from a
         // rest, not yet answered), from one look at its health.
         let (resting, probation): (Vec<bool>, Vec<bool>) =
             self.nodes.iter().map(|node| node.standing(started)).unzip();
         let awake = resting.iter().filter(|&&resting| !resting).count();
+        let leave_resting = matches!(ask, Ask::Awake) && awake >= self.majority();
         let packed = call.packed();
         // Each request written as soon as its connection is there.
         let mut sent: Vec<Option<Result<(Conn, bool)>>> = (0..count)
             .map(|i| match asked(i) {
                 false => None,
-                true if resting[i] && awake >= self.majority() => {
-                    Some(Err(self.nodes[i].not_asked()))
-                }
+                true if resting[i] && leave_resting => Some(Err(self.nodes[i].not_asked())),
                 true => Some(self.nodes[i].send(&packed, deadline, probation[i], self.timeout)),
             })
             .collect();
-        let mut replies: Vec<Result<Value>> = (0..count).map(|_| Err(not_asked())).collect();
+        let mut values: Vec<Result<Value>> = (0..count).map(|_| Err(not_asked())).collect();
+        let mut unanswered = Vec::new();
         let mut read = |i: usize, by: Instant| {
             if let Some(con) = sent[i].take() {
                 let node = &self.nodes[i];
-                replies[i] = con.and_then(|(mut con, late)| {
+                values[i] = con.and_then(|(mut con, late)| {
                     let read = Read {
                         call,
-                        undo,
                         started,
                         by,
                         late,
                     };
-                    node.receive(&mut con, &read, self.timeout)
+                    let reply = node.receive(&mut con, &read, self.timeout);
+                    if matches!(&reply, Err(Error::Redis(e)) if !refused(e)) {
+                        unanswered.push(con);
+                    }
+                    reply
                 });
             }
         };
@@ -347,16 +364,36 @@ impl Quorum {
             };
             read(i, by);
         }
-        replies
+        Replies { values, unanswered }
     }
+}
+
+/// Which nodes a fan-out asks.
+#[derive(Clone, Copy)]
+enum Ask<'a> {
+    /// The nodes not resting; every node while fewer than a majority are awake.
+    Awake,
+    /// Every node, resting or not (a resting one on probation).
+    Every,
+    /// The nodes marked.
+    Only(&'a [bool]),
+}
+
+/// What a fan-out got back.
+struct Replies {
+    /// One per node, in node order: an error when the node was not asked, failed, or did
+    /// not answer in time.
+    values: Vec<Result<Value>>,
+    /// The connections on which a reply did not come (in time, or at all), the request
+    /// written: something written after it runs after the request should the node wake
+    /// up. Thrown away when dropped.
+    unanswered: Vec<Conn>,
 }
 
 /// How to read one node's reply in a fan-out.
 #[derive(Clone, Copy)]
 struct Read<'a> {
     call: &'a Call,
-    /// Written after the request when the reply does not come in time.
-    undo: Option<&'a dyn Fn() -> Vec<u8>>,
     /// When the fan-out started (the node's reply time counts from then).
     started: Instant,
     /// The latest the reply is waited for.
@@ -464,7 +501,6 @@ impl Node {
     fn receive(&self, con: &mut Conn, read: &Read<'_>, timeout: Duration) -> Result<Value> {
         let Read {
             call,
-            undo,
             started,
             by: deadline,
             late,
@@ -486,19 +522,10 @@ impl Node {
             reply => reply,
         };
         match &reply {
-            // It answered, but cannot do what it is asked (nothing was done): failing.
-            Err(e) if refused(e) => self.failed(e),
-            Err(e) => {
-                if let Some(undo) = undo {
-                    // The connection is thrown away after this; the server runs what it
-                    // has received, in order, should it wake up.
-                    let _ = con.run(|con| con.send_packed_command(&undo()));
-                }
-                if !(late && e.is_timeout()) {
-                    self.failed(e);
-                }
-            }
             Ok(_) => self.answered(started.elapsed()),
+            // A refusal too: the node answered, but cannot do what it is asked.
+            Err(e) if !(late && e.is_timeout()) => self.failed(e),
+            Err(_) => {}
         }
         Ok(reply?)
     }

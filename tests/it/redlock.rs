@@ -695,6 +695,22 @@ fn error_replies(server: &RedisServer, code: &str) -> u64 {
         .map_or(0, |n| n.trim().parse().expect("a count"))
 }
 
+/// Locks and releases until `refusing` (one of the locker's nodes, answering NOPERM) has
+/// failed again and again, and returns just after its latest refusal: it then rests for
+/// a good while (at least 400 ms) before the locker asks it again.
+fn refused_long_enough(locker: &Locker, refusing: &RedisServer) {
+    // It rests longer each time in a row it fails: 50 ms, then 100, 200...
+    let until = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < until {
+        locker.lock(&["warm"]).unwrap().release().unwrap();
+    }
+    let failures = error_replies(refusing, "NOPERM");
+    eventually(Duration::from_secs(3), "the node asked again", || {
+        locker.lock(&["warm"]).unwrap().release().unwrap();
+        error_replies(refusing, "NOPERM") > failures
+    });
+}
+
 #[test]
 fn servers_refusing_the_scripts_give_their_error_not_not_obtained() {
     let servers = five();
@@ -744,17 +760,7 @@ fn a_replica_given_as_a_node_is_left_out_and_named_once_it_costs_the_majority() 
 fn a_node_left_out_after_an_error_reply_is_reported_by_that_error() {
     let mut servers = five();
     let locker = redlock(&urls_as_user(&servers, &[0, 1]));
-    // Three nodes take the locks; the two refusing ones rest longer each time they fail.
-    let until = Instant::now() + Duration::from_secs(1);
-    while Instant::now() < until {
-        locker.lock(&["warm"]).unwrap().release().unwrap();
-    }
-    // Just after they failed again, so that they rest for a good while from now.
-    let failures = error_replies(&servers[0], "NOPERM");
-    eventually(Duration::from_secs(3), "node 0 asked again", || {
-        locker.lock(&["warm"]).unwrap().release().unwrap();
-        error_replies(&servers[0], "NOPERM") > failures
-    });
+    refused_long_enough(&locker, &servers[0]);
     let failures = error_replies(&servers[0], "NOPERM");
     servers[2].kill();
     // Only nodes 2 to 4 are asked (the others rest), and node 2 fails: the refusals that
@@ -786,4 +792,49 @@ fn a_held_lock_names_the_refusal_that_stops_its_refresh_and_release() {
     assert!(refused(&ttl, "NOPERM"), "{ttl:?}");
     let released = guard.release();
     assert!(refused(&released, "NOPERM"), "{released:?}");
+}
+
+#[test]
+fn a_release_reaches_a_node_left_out_after_a_failure() {
+    let servers = five();
+    let locker = redlock(&urls_as_user(&servers, &[]));
+    let guard = locker
+        .lock_with(&["k"], LockOptions::default().auto_refresh(false))
+        .unwrap();
+    // Node 0 refuses scripts for a while, is left out, and is then well again.
+    let _: () = servers[0].query(&["ACL", "SETUSER", "locker", "-evalsha", "-eval"]);
+    refused_long_enough(&locker, &servers[0]);
+    let _: () = servers[0].query(&["ACL", "SETUSER", "locker", "+evalsha", "+eval"]);
+    guard.release().unwrap();
+    // (Its reply may come after the release returned; its TTL is 30 s.)
+    eventually(
+        Duration::from_secs(1),
+        "not left to its TTL on the resting node",
+        || values(&servers, "k") == vec![None; 5],
+    );
+}
+
+#[test]
+fn a_lock_won_without_a_late_node_keeps_what_that_node_takes() {
+    let servers = five();
+    let locker = redlock(&urls(&servers));
+    drop(locker.lock(&["warm"]).unwrap()); // connections made, scripts loaded
+    servers[0].pause();
+    let guard = locker
+        .lock_with(&["k"], LockOptions::default().auto_refresh(false))
+        .unwrap();
+    let token = Some(guard.token().to_string());
+    servers[0].resume();
+    // The late node runs the acquire when it wakes, and nothing after it takes it back.
+    eventually(
+        Duration::from_secs(3),
+        "the late node holds the lock",
+        || values(&servers, "k")[0] == token,
+    );
+    thread::sleep(Duration::from_millis(50));
+    assert_eq!(values(&servers, "k"), vec![token; 5]);
+    guard.release().unwrap();
+    eventually(Duration::from_secs(1), "released everywhere", || {
+        values(&servers, "k") == vec![None; 5]
+    });
 }
