@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use crate::cluster::{self, ClusterPool};
 use crate::held::drift_ms;
 use crate::pool::Pool;
-use crate::quorum::Quorum;
+use crate::quorum::{self, Quorum};
 use crate::scripts::{self, Acquired, Attempt, Refresh};
 use crate::{Error, LockOptions, Result};
 
