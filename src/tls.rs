@@ -14,3 +14,26 @@ pub(crate) fn ensure_crypto_provider() {
         let _ = rustls::crypto::ring::default_provider().install_default();
     }
 }
+
+/// Whether `e` is rustls refusing the server's certificate (an unknown CA, a wrong name).
+pub(crate) fn is_certificate_error(e: &redis::RedisError) -> bool {
+    type Shared = std::sync::Arc<dyn std::error::Error + Send + Sync>;
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cause {
+        // redis-rs keeps its causes in an `Arc`, and a handshake's inside an `io::Error`.
+        let err: &(dyn std::error::Error + 'static) = match err.downcast_ref::<Shared>() {
+            Some(shared) => shared.as_ref(),
+            None => err,
+        };
+        let rustls_error = err.downcast_ref::<rustls::Error>().or_else(|| {
+            err.downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        });
+        if let Some(rustls::Error::InvalidCertificate(_)) = rustls_error {
+            return true;
+        }
+        cause = err.source();
+    }
+    false
+}
