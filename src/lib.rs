@@ -115,6 +115,7 @@
 #![warn(missing_docs, rustdoc::broken_intra_doc_links)]
 
 mod backend;
+mod builder;
 mod cluster;
 mod error;
 mod fence;
@@ -135,9 +136,10 @@ mod subscriber;
 mod tls;
 mod token;
 
+pub use builder::LockerBuilder;
 pub use error::{Error, Result};
 pub use guard::LockGuard;
-pub use locker::{Locker, LockerBuilder};
+pub use locker::Locker;
 pub use options::{LockOptions, MAX_KEYS, MAX_TTL};
 pub use pool::SocketTimeouts;
 pub use retry::{Delays, Retry};
