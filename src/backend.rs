@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::cluster::{self, ClusterPool};
-use crate::held::drift_ms;
+use crate::hold::drift_ms;
 use crate::pool::Pool;
 use crate::quorum::{self, Quorum};
 use crate::scripts::{self, Acquired, Attempt, Refresh};

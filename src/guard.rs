@@ -3,7 +3,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backend::Refreshed;
-use crate::held::Held;
+use crate::hold::Held;
 use crate::locker::Shared;
 use crate::options::checked_ttl;
 use crate::scripts::Refresh;

@@ -121,20 +121,18 @@ mod error;
 mod fence;
 mod guard;
 pub mod guide;
-mod held;
+mod hold;
 mod locker;
 mod masters;
 mod options;
 mod pool;
 mod quorum;
-mod refresher;
 mod retry;
 mod scripts;
 mod slot;
-mod subscriber;
 #[cfg(feature = "tls")]
 mod tls;
-mod token;
+mod wait;
 
 pub use builder::LockerBuilder;
 pub use error::{Error, Result};

@@ -5,12 +5,10 @@ use std::time::{Duration, Instant};
 use redis::{Client, IntoConnectionInfo};
 
 use crate::backend::Backend;
-use crate::held::{Held, Timing, later};
+use crate::hold::{Held, Refresher, Timing, later, owner_part, random_token};
 use crate::options::{checked_keys, checked_token, checked_ttl};
-use crate::refresher::Refresher;
 use crate::scripts::{Acquired, Attempt};
-use crate::subscriber::{Seen, Subscriber, Ticket};
-use crate::token::{owner_part, random_token};
+use crate::wait::{Seen, Subscriber, Ticket};
 use crate::{Error, LockGuard, LockOptions, LockerBuilder, Result, Retry};
 
 /// On a quorum, a release heard from one node may not have reached the others yet: an

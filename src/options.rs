@@ -194,7 +194,7 @@ pub(crate) fn checked_ttl(ttl: Duration) -> Result<u64> {
 }
 
 /// A caller's fixed token, checked: never empty (any other text is safe, as each key
-/// stores it in a self-delimiting form: see [`owner_part`](crate::token::owner_part)).
+/// stores it in a self-delimiting form: see [`owner_part`](crate::hold::owner_part)).
 pub(crate) fn checked_token(token: &str) -> Result<()> {
     if token.is_empty() {
         return invalid("token is empty: leave it unset for a random one".into());

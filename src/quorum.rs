@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 use redis::{ErrorKind, RedisError, Value};
 
 use crate::backend::Refreshed;
-use crate::held::drift_ms;
+use crate::hold::drift_ms;
 use crate::pool::{Conn, Pool};
 use crate::scripts::{self, Acquired, Attempt, Call, Refresh};
 use crate::{Error, Result};

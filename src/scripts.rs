@@ -226,7 +226,7 @@ pub(crate) fn parse_acquired(reply: Value) -> RedisResult<Acquired> {
 #[derive(Clone, Copy)]
 pub(crate) struct Attempt<'a> {
     pub(crate) keys: &'a [String],
-    /// The owner part (see [`owner_part`](crate::token::owner_part)), then the metadata.
+    /// The owner part (see [`owner_part`](crate::hold::owner_part)), then the metadata.
     pub(crate) value: &'a str,
     /// The owner part's length in bytes: a value that starts with it is ours.
     pub(crate) owner_len: usize,

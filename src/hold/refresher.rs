@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
+use super::Held;
 use crate::backend::{Backend, Refreshed};
-use crate::held::Held;
 use crate::scripts::Refresh;
 
 pub(crate) struct Refresher {

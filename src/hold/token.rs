@@ -4,7 +4,7 @@ use crate::{Error, Result};
 const TOKEN_BYTES: usize = 16;
 
 /// Characters in a random token (hex).
-pub(crate) const RANDOM_TOKEN_LEN: usize = 2 * TOKEN_BYTES;
+const RANDOM_TOKEN_LEN: usize = 2 * TOKEN_BYTES;
 
 /// A fresh owner token: 16 bytes from the OS generator, hex-encoded (32 characters).
 pub(crate) fn random_token() -> Result<String> {

@@ -14,7 +14,7 @@ pub(crate) struct Held {
     names: Option<Vec<String>>,
     /// What every key stores: the owner part (see [`owner_part`]), then the metadata.
     ///
-    /// [`owner_part`]: crate::token::owner_part
+    /// [`owner_part`]: crate::hold::owner_part
     pub(crate) value: String,
     /// Where the token is in `value`: it ends the owner part.
     token: std::ops::Range<usize>,

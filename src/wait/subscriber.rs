@@ -1,0 +1,208 @@
+//! The thread that listens for releases: one connection per locker, subscribed to the
+//! channels of the keys its threads wait for.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use super::board::{Board, SWEEP, Seen, Ticket};
+use crate::Result;
+use crate::hold::random_token;
+use crate::pool::Pool;
+
+/// The channel `lua/release.lua` publishes on for `key` is the locker's prefix, this, and
+/// the key.
+const RELEASED: &str = "redguard:released:";
+
+pub(crate) struct Subscriber {
+    board: Arc<Board>,
+    /// The servers it may listen on (several for a quorum, where each hears every
+    /// release): it moves to the next one when its connection fails.
+    pools: Arc<[Pool]>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Subscriber {
+    /// A subscriber for a locker whose keys and channels start with `prefix`.
+    pub(crate) fn new(pools: Vec<Pool>, prefix: &str) -> Subscriber {
+        // A random channel name: lockers in other processes must not wake ours.
+        let id = random_token().unwrap_or_else(|_| format!("{:p}", &pools));
+        Subscriber {
+            board: Arc::new(Board {
+                wake: format!("{prefix}redguard:wake:{id}"),
+                released: format!("{prefix}{RELEASED}"),
+                ..Board::default()
+            }),
+            pools: pools.into(),
+            thread: Mutex::new(None),
+        }
+    }
+
+    /// Where the release channels of this locker's keys start (the key follows).
+    pub(crate) fn release_channels(&self) -> &str {
+        &self.board.released
+    }
+
+    /// Whether this locker has threads waiting for `key` (so it is most likely held).
+    pub(crate) fn is_watched(&self, key: &str) -> bool {
+        self.board.is_watched(key)
+    }
+
+    /// Registers a waiter for `keys`, who noted `before` of them before its last attempt.
+    /// Starts the thread, and has it subscribe to new keys, if need be.
+    pub(crate) fn wait_for(&self, keys: &[String], before: Seen) -> Ticket<'_> {
+        if !self.pools.iter().any(Pool::can_dedicate) {
+            // No connection to subscribe with: the waiter waits out its delays.
+            return Ticket::new(&self.board, Vec::new(), before);
+        }
+        let new_keys = self.board.register(keys);
+        if new_keys {
+            self.start();
+            self.wake_thread();
+        }
+        Ticket::new(&self.board, keys.to_vec(), before)
+    }
+
+    /// What a waiter has seen so far of `keys` (nothing for keys no one watches yet).
+    pub(crate) fn seen(&self, keys: &[String]) -> Seen {
+        self.board.state.lock().observe(keys)
+    }
+
+    fn start(&self) {
+        let mut thread = self.thread.lock();
+        if thread.is_none() {
+            let board = Arc::clone(&self.board);
+            let pools = Arc::clone(&self.pools);
+            // If the thread cannot start, waiters wait out their delays: slower, correct.
+            *thread = thread::Builder::new()
+                .name("redguard-subscriber".into())
+                .spawn(move || run(&board, &pools))
+                .ok();
+        }
+    }
+
+    /// Interrupts the thread's read with a message on its own channel. Best effort, and
+    /// only with a connection free at once: the thread looks up every [`SWEEP`] anyway.
+    fn wake_thread(&self) {
+        let listening = self.board.listening.load(Ordering::Relaxed);
+        if let Some(mut con) = self.pools.get(listening).and_then(Pool::try_get) {
+            let _ = con.run(|con| {
+                redis::cmd("PUBLISH")
+                    .arg(&self.board.wake)
+                    .arg("")
+                    .query::<i64>(con)
+            });
+        }
+    }
+}
+
+impl Drop for Subscriber {
+    fn drop(&mut self) {
+        self.board.state.lock().stopping = true;
+        self.board.changed.notify_all();
+        if let Some(handle) = self.thread.get_mut().take() {
+            self.wake_thread();
+            // The thread looks up at least every SWEEP, or after a connect or checkout,
+            // each bounded by the pool's timeouts. Should any wait escape those bounds,
+            // stop waiting after a while and let the thread end on its own: it holds
+            // nothing of the locker's but the pool and the board.
+            let deadline = Instant::now() + SWEEP + STOP_GRACE;
+            let mut state = self.board.state.lock();
+            while !state.finished {
+                if self
+                    .board
+                    .changed
+                    .wait_until(&mut state, deadline)
+                    .timed_out()
+                {
+                    return;
+                }
+            }
+            drop(state);
+            let _ = handle.join();
+        }
+    }
+}
+
+/// How long, beyond a [`SWEEP`], dropping a locker waits for its subscriber thread.
+const STOP_GRACE: Duration = Duration::from_secs(3);
+
+/// The thread: (re)connect, subscribe, listen, until the locker is gone.
+fn run(board: &Board, pools: &[Pool]) {
+    listen_until_stopped(board, pools);
+    board.state.lock().finished = true;
+    board.changed.notify_all();
+}
+
+fn listen_until_stopped(board: &Board, pools: &[Pool]) {
+    let mut backoff = Duration::from_millis(10);
+    let mut listening = 0;
+    loop {
+        if board.state.lock().stopping {
+            return;
+        }
+        board.listening.store(listening, Ordering::Relaxed);
+        let Some(pool) = pools.get(listening) else {
+            return; // no server at all: waiters wait out their delays
+        };
+        match listen(board, pool, &mut backoff) {
+            Ok(()) => return, // stopped
+            Err(_) => board.disconnected(),
+        }
+        listening = (listening + 1) % pools.len();
+        let mut state = board.state.lock();
+        if !state.stopping {
+            board.changed.wait_for(&mut state, backoff);
+        }
+        backoff = (backoff * 2).min(SWEEP);
+    }
+}
+
+/// Listens on one connection; `Ok` when asked to stop, `Err` when the connection failed.
+fn listen(board: &Board, pool: &Pool, backoff: &mut Duration) -> Result<()> {
+    let mut con = pool.dedicated(SWEEP)?;
+    con.set_read_timeout(Some(SWEEP))?;
+    let mut pubsub = con.as_pubsub();
+    pubsub.subscribe(&board.wake)?;
+    *backoff = Duration::from_millis(10); // connected: the next failure starts afresh
+    let mut swept = Instant::now();
+    loop {
+        let (pending, idle) = {
+            let mut state = board.state.lock();
+            if state.stopping {
+                return Ok(());
+            }
+            let pending = std::mem::take(&mut state.pending);
+            let idle = if swept.elapsed() >= SWEEP {
+                swept = Instant::now();
+                state.take_idle()
+            } else {
+                Vec::new()
+            };
+            (pending, idle)
+        };
+        for key in &pending {
+            let channel = format!("{}{key}", board.released);
+            pubsub.subscribe(&channel)?;
+            if !board.subscribed(key) {
+                // Forgotten while we subscribed: nobody will unsubscribe it otherwise.
+                pubsub.unsubscribe(&channel)?;
+            }
+        }
+        for key in &idle {
+            pubsub.unsubscribe(format!("{}{key}", board.released))?;
+        }
+        match pubsub.get_message() {
+            Ok(msg) => {
+                if let Some(key) = msg.get_channel_name().strip_prefix(&board.released) {
+                    board.released(key);
+                }
+            }
+            Err(e) if e.is_timeout() => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
