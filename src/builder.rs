@@ -5,10 +5,8 @@ use redis::cluster::ClusterClient;
 use redis::{Client, ConnectionInfo, IntoConnectionInfo};
 
 use crate::backend::Backend;
-use crate::cluster::ClusterPool;
+use crate::backend::{Bounds, ClusterPool, Pool, Quorum};
 use crate::options::checked_ttl;
-use crate::pool::{Bounds, Pool};
-use crate::quorum::Quorum;
 use crate::{Error, Locker, Result};
 
 /// The longest [`LockerBuilder::node_timeout`]: far longer than any sensible one, short
@@ -258,7 +256,7 @@ impl LockerBuilder {
             .iter()
             .any(|seed| matches!(seed.addr(), redis::ConnectionAddr::TcpTls { .. }))
         {
-            crate::tls::ensure_crypto_provider();
+            crate::backend::tls::ensure_crypto_provider();
         }
         let builder = ClusterClient::builder(seeds)
             .connection_timeout(self.bounds.connect)
@@ -321,7 +319,7 @@ impl LockerBuilder {
     fn client<T: IntoConnectionInfo>(&self, url: T) -> redis::RedisResult<Client> {
         let info = url.into_connection_info()?;
         if matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }) {
-            crate::tls::ensure_crypto_provider();
+            crate::backend::tls::ensure_crypto_provider();
         }
         match &self.tls_root {
             None => Client::open(info),

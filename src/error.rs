@@ -80,7 +80,7 @@ impl fmt::Display for Error {
 /// What a Redis error means to the user, in a few words (the error itself is the cause).
 fn redis_says(e: &redis::RedisError) -> &'static str {
     #[cfg(feature = "tls")]
-    if crate::tls::is_certificate_error(e) {
+    if crate::backend::tls::is_certificate_error(e) {
         return "the server's TLS certificate was refused (give its CA with tls_root_cert, or \
                 check the host name in the URL)";
     }

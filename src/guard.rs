@@ -2,11 +2,11 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::backend::Refresh;
 use crate::backend::Refreshed;
 use crate::hold::Held;
 use crate::locker::Shared;
 use crate::options::checked_ttl;
-use crate::scripts::Refresh;
 use crate::{Error, Result};
 
 /// A held lock on one or more keys, released when dropped.

@@ -114,30 +114,25 @@
 
 #![warn(missing_docs, rustdoc::broken_intra_doc_links)]
 
-mod backend;
-mod builder;
-mod cluster;
-mod error;
-mod fence;
-mod guard;
-pub mod guide;
-mod hold;
-mod locker;
-mod masters;
-mod options;
-mod pool;
-mod quorum;
-mod retry;
-mod scripts;
-mod slot;
-#[cfg(feature = "tls")]
-mod tls;
-mod wait;
+// The public primitives and their options.
+mod builder; // LockerBuilder: pool, timeouts, prefix, TLS; builds on one server, Redlock, Cluster
+mod error; // Error: held elsewhere, lost, bad input, wrong type, Redis unavailable
+mod guard; // LockGuard: the RAII hold; refresh, ttl, release, released on drop
+mod locker; // Locker: lock, try_lock, lock_with; the waiting loop
+mod options; // LockOptions, and the checks of keys, TTLs and tokens
+mod retry; // Retry: the delays between attempts
 
+// The machinery under them.
+mod backend; // how a request reaches Redis: scripts, pools, one server, quorum, cluster
+mod hold; // a held lock's state, its owner token, the refresher thread
+mod wait; // waiters woken by releases: the subscriber thread and its board
+
+pub mod guide; // the manual (docs/*.md): semantics, fencing, security, scaling out, performance
+
+pub use backend::SocketTimeouts;
 pub use builder::LockerBuilder;
 pub use error::{Error, Result};
 pub use guard::LockGuard;
 pub use locker::Locker;
 pub use options::{LockOptions, MAX_KEYS, MAX_TTL};
-pub use pool::SocketTimeouts;
 pub use retry::{Delays, Retry};

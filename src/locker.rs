@@ -5,9 +5,9 @@ use std::time::{Duration, Instant};
 use redis::{Client, IntoConnectionInfo};
 
 use crate::backend::Backend;
+use crate::backend::{Acquired, Attempt};
 use crate::hold::{Held, Refresher, Timing, later, owner_part, random_token};
 use crate::options::{checked_keys, checked_token, checked_ttl};
-use crate::scripts::{Acquired, Attempt};
 use crate::wait::{Seen, Subscriber, Ticket};
 use crate::{Error, LockGuard, LockOptions, LockerBuilder, Result, Retry};
 

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use super::Held;
+use crate::backend::Refresh;
 use crate::backend::{Backend, Refreshed};
-use crate::scripts::Refresh;
 
 pub(crate) struct Refresher {
     state: Arc<State>,

@@ -10,8 +10,8 @@ use parking_lot::Mutex;
 
 use super::board::{Board, SWEEP, Seen, Ticket};
 use crate::Result;
+use crate::backend::Pool;
 use crate::hold::random_token;
-use crate::pool::Pool;
 
 /// The channel `lua/release.lua` publishes on for `key` is the locker's prefix, this, and
 /// the key.

@@ -13,10 +13,11 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use redis::{ErrorKind, RedisError, Value};
 
-use crate::backend::Refreshed;
+use super::outcome::Acquired;
+use super::outcome::Refreshed;
+use super::pool::{Conn, Pool};
+use super::scripts::{self, Attempt, Call, Refresh};
 use crate::hold::drift_ms;
-use crate::pool::{Conn, Pool};
-use crate::scripts::{self, Acquired, Attempt, Call, Refresh};
 use crate::{Error, Result};
 
 pub(crate) struct Quorum {

@@ -13,7 +13,8 @@ use redis::{
     Arg, Cmd, ConnectionLike, ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Value,
 };
 
-use crate::fence::fence_key;
+use super::fence::fence_key;
+use super::outcome::Acquired;
 
 /// A script of `lua/`: its text, and the SHA1 that EVALSHA names it by.
 struct Lua {
@@ -28,10 +29,10 @@ impl Lua {
     }
 }
 
-static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../lua/acquire.lua")));
-static REFRESH: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../lua/refresh.lua")));
-static RELEASE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../lua/release.lua")));
-static TTL: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../lua/ttl.lua")));
+static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../../lua/acquire.lua")));
+static REFRESH: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../../lua/refresh.lua")));
+static RELEASE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../../lua/release.lua")));
+static TTL: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../../lua/ttl.lua")));
 
 /// One script call, ready to send: the EVALSHA, and the script's text should the server
 /// not know it.
@@ -99,26 +100,6 @@ impl Call {
 /// Whether the server did not know the script (restarted, or SCRIPT FLUSH).
 pub(crate) fn is_noscript(e: &RedisError) -> bool {
     e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
-}
-
-/// What one acquisition attempt found.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Acquired {
-    /// Every key now holds our value and the TTL; with fencing, each key's token.
-    /// `fresh` unless the keys already held our value (a re-obtain with a fixed token):
-    /// only a fresh acquisition may be taken back without taking the owner's lock away.
-    Yes { fences: Vec<u64>, fresh: bool },
-    /// Another owner holds at least one key; nothing was changed.
-    HeldElsewhere,
-    /// On a quorum: some nodes were free but not a majority (a release still on its way
-    /// to the others, another owner taking them at the same time, or a node that lost its
-    /// keys); what was taken has been taken back.
-    Partial,
-    /// On a quorum: fewer than a majority of the nodes answered; what was taken has been
-    /// taken back. Waiting would not help until they are back.
-    NoQuorum,
-    /// `key` holds a Redis `kind` other than a string; nothing was changed.
-    WrongType { key: String, kind: String },
 }
 
 /// One all-or-nothing attempt to take `keys`; see `lua/acquire.lua`. With `fencing`, each

@@ -1,28 +1,33 @@
-//! Where the locks live: one Redis server, a quorum of independent ones (Redlock), or a
-//! Redis Cluster. Each operation is the same script everywhere; only how it reaches Redis
-//! differs.
+//! Where the locks live, and how a request reaches them: one Redis server, a quorum of
+//! independent ones (Redlock), or a Redis Cluster. Each operation is the same script
+//! everywhere (`scripts`, from `lua/`); only how it reaches Redis differs. [`Backend`]
+//! dispatches; `outcome` holds what every backend answers; `pool` gives bounded
+//! connections; `quorum` fans a request out to every node and counts the votes;
+//! `cluster` (with `slot`, `masters` and `fence`) routes by hash slot.
+
+mod cluster;
+mod fence;
+mod masters;
+mod outcome;
+mod pool;
+mod quorum;
+mod scripts;
+mod slot;
+#[cfg(feature = "tls")]
+pub(crate) mod tls;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::cluster::{self, ClusterPool};
-use crate::hold::drift_ms;
-use crate::pool::Pool;
-use crate::quorum::{self, Quorum};
-use crate::scripts::{self, Acquired, Attempt, Refresh};
-use crate::{Error, LockOptions, Result};
+pub(crate) use cluster::ClusterPool;
+pub(crate) use outcome::{Acquired, Refreshed};
+pub use pool::SocketTimeouts;
+pub(crate) use pool::{Bounds, Pool};
+pub(crate) use quorum::Quorum;
+pub(crate) use scripts::{Attempt, Refresh};
 
-/// What a refresh found of one lock.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Refreshed {
-    /// Held, with its TTL set again by requests sent no earlier than `sent_at`.
-    Held { sent_at: Instant },
-    /// No longer held (nothing was changed).
-    Lost,
-    /// Not known: part of it could not be asked (on a cluster, one master failing does
-    /// not stop the others).
-    Unknown,
-}
+use crate::hold::drift_ms;
+use crate::{Error, LockOptions, Result};
 
 #[derive(Clone)]
 pub(crate) enum Backend {

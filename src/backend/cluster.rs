@@ -14,12 +14,13 @@ use parking_lot::Mutex;
 use redis::cluster::{ClusterClient, ClusterConnection};
 use redis::{ConnectionLike, ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
 
-use crate::backend::Refreshed;
-use crate::fence::fence_key;
-use crate::masters::Masters;
-use crate::pool::Bounds;
-use crate::scripts::{self, Acquired, Attempt, Refresh};
-use crate::slot::{by_slot, slot};
+use super::fence::fence_key;
+use super::masters::Masters;
+use super::outcome::Acquired;
+use super::outcome::Refreshed;
+use super::pool::Bounds;
+use super::scripts::{self, Attempt, Refresh};
+use super::slot::{by_slot, slot};
 use crate::{Error, LockOptions, Result};
 
 /// A pool of cluster connections (each one a connection to every master).
@@ -67,7 +68,7 @@ impl ClusterPool {
             // A PING on every checkout would cost a round trip per lock operation.
             .test_on_check_out(false)
             .connection_timeout(bounds.checkout)
-            .thread_pool(crate::pool::worker())
+            .thread_pool(super::pool::worker())
             .build(ClusterConnector { client })?;
         let cluster = ClusterPool {
             pool,

@@ -4,7 +4,7 @@
 //! update both. A key's slot is the hash of its hash tag (the text between its first `{`
 //! and the next `}`, when not empty), or else of the whole key.
 
-use crate::slot::hash_tag;
+use super::slot::hash_tag;
 
 /// The counter of `key`: `redguard:fence:{<key>}` (the whole key becomes the hash tag),
 /// or `redguard:fence:t:<key>` when the key has a hash tag of its own (the counter then

@@ -1,0 +1,36 @@
+//! What the backends answer, whichever one asked Redis: the types the dispatcher
+//! ([`Backend`](super::Backend)) and each backend share, so that none imports another.
+
+use std::time::Instant;
+
+/// What one acquisition attempt found.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Acquired {
+    /// Every key now holds our value and the TTL; with fencing, each key's token.
+    /// `fresh` unless the keys already held our value (a re-obtain with a fixed token):
+    /// only a fresh acquisition may be taken back without taking the owner's lock away.
+    Yes { fences: Vec<u64>, fresh: bool },
+    /// Another owner holds at least one key; nothing was changed.
+    HeldElsewhere,
+    /// On a quorum: some nodes were free but not a majority (a release still on its way
+    /// to the others, another owner taking them at the same time, or a node that lost its
+    /// keys); what was taken has been taken back.
+    Partial,
+    /// On a quorum: fewer than a majority of the nodes answered; what was taken has been
+    /// taken back. Waiting would not help until they are back.
+    NoQuorum,
+    /// `key` holds a Redis `kind` other than a string; nothing was changed.
+    WrongType { key: String, kind: String },
+}
+
+/// What a refresh found of one lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Refreshed {
+    /// Held, with its TTL set again by requests sent no earlier than `sent_at`.
+    Held { sent_at: Instant },
+    /// No longer held (nothing was changed).
+    Lost,
+    /// Not known: part of it could not be asked (on a cluster, one master failing does
+    /// not stop the others).
+    Unknown,
+}
