@@ -210,7 +210,7 @@ impl LockerBuilder {
     /// A lock's keys must share a hash slot — give them a common hash tag, as in
     /// `{order42}:a`, `{order42}:b` — so that one script takes them atomically, as on one
     /// server; keys in different slots are refused with an [`Error::InvalidInput`] naming
-    /// the slots, unless the lock allows [`LockOptions::across_slots`]. Fencing counters
+    /// the slots, unless the lock allows [`LockOptions::across_slots`](crate::LockOptions::across_slots). Fencing counters
     /// are kept in their key's slot. Release notifications are plain PUBLISHes, which a
     /// cluster passes to every node; the locker listens on one seed node at a time.
     ///
