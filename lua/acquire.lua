@@ -2,11 +2,14 @@
 -- KEYS: the lock keys; with fencing, followed by one fencing counter per lock key.
 -- ARGV[1]: the value to store (owner .. metadata); ARGV[2]: the owner part's length in
 -- bytes (a random token, or a fixed one as '<length>:<token>': never the start of another);
--- ARGV[3]: the TTL in milliseconds; ARGV[4]: '1' for fencing tokens, else '0'.
+-- ARGV[3]: the TTL in milliseconds; ARGV[4]: '1' for fencing tokens, else '0'; ARGV[5],
+-- for a hand-over only: the releasing guard's value, which every key must still hold, and
+-- which ours then replaces (a fresh acquisition: new fencing tokens).
 -- Returns 1 when every key is now ours (with fencing: {'fences', token per key}), 2 when
 -- they already were, re-obtained by the same owner (with fencing: {'kept', token per
 -- key}), 0 when another owner holds one of them, and {'wrongtype', key, type} when a key
--- (or a counter) holds another Redis type. Nothing is changed unless every key is ours.
+-- (or a counter) holds another Redis type (or, for a hand-over, 0 when some key no
+-- longer holds the releasing guard's value). Nothing is changed unless every key is ours.
 local owner_len, ttl = tonumber(ARGV[2]), tonumber(ARGV[3])
 local fencing = ARGV[4] == '1'
 local n = fencing and #KEYS / 2 or #KEYS
@@ -47,7 +50,21 @@ for i = 1, n do
   args[2 * i] = ARGV[1]
 end
 
-local fresh = redis.call('msetnx', unpack(args)) == 1
+local over = ARGV[5]
+local fresh
+if over then
+  -- A hand-over: only from the releasing guard, on every key, to us.
+  local values = redis.call('mget', unpack(KEYS, 1, n))
+  for i = 1, n do
+    if values[i] ~= over then
+      return 0
+    end
+  end
+  redis.call('mset', unpack(args))
+  fresh = true
+else
+  fresh = redis.call('msetnx', unpack(args)) == 1
+end
 if not fresh then
   -- Some key exists. Never overwrite a value of another type.
   for i = 1, n do

@@ -1,9 +1,9 @@
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::backend::Refresh;
-use crate::backend::Refreshed;
+use crate::backend::{Acquired, Attempt, Refreshed};
 use crate::hold::Held;
 use crate::locker::Shared;
 use crate::options::checked_ttl;
@@ -164,15 +164,49 @@ impl LockGuard {
         Ok(())
     }
 
-    /// Stops refreshing and runs the compare-and-delete script; `false` when not held.
+    /// Stops refreshing, then hands the lock over to the first waiter of this locker in
+    /// line for the same keys, or runs the compare-and-delete script; `false` when not
+    /// held.
     fn unlock(&self) -> Result<bool> {
         if self.auto_refresh {
             self.shared.refresher.remove(self.held.id);
         }
-        let channels = self.shared.subscriber.release_channels();
-        self.shared
-            .backend
-            .release(&self.held.keys, &self.held.value, channels)
+        let subscriber = &self.shared.subscriber;
+        let Some(claim) = subscriber.claim(&self.held.keys) else {
+            return self.release_for_real();
+        };
+        let offer = claim.offer();
+        let attempt = Attempt {
+            keys: &offer.keys,
+            value: &offer.value,
+            owner_len: offer.owner_len,
+            ttl_ms: offer.ttl_ms,
+            fencing: offer.fencing,
+            prefix: &self.shared.prefix,
+            fixed_token: offer.fixed_token,
+            over: Some(&self.held.value),
+        };
+        let sent_at = Instant::now();
+        if let Some(Ok(Acquired::Yes { fences, .. })) = self.shared.backend.hand_over(&attempt) {
+            claim.handed(fences, sent_at);
+            return Ok(true);
+        }
+        // Not handed over (the lock was gone, Redis failed, or the backend cannot): released
+        // as usual, and only then is the waiter told to attempt by itself.
+        let released = self.release_for_real();
+        drop(claim);
+        released
+    }
+
+    /// The compare-and-delete script, announcing the release to every waiter.
+    fn release_for_real(&self) -> Result<bool> {
+        let subscriber = &self.shared.subscriber;
+        subscriber.released(&self.held.keys);
+        self.shared.backend.release(
+            &self.held.keys,
+            &self.held.value,
+            subscriber.release_channels(),
+        )
     }
 }
 

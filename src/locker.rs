@@ -8,7 +8,7 @@ use crate::backend::Backend;
 use crate::backend::{Acquired, Attempt};
 use crate::hold::{Held, Refresher, Timing, later, owner_part, random_token};
 use crate::options::{checked_keys, checked_token, checked_ttl};
-use crate::wait::{Seen, Subscriber, Ticket};
+use crate::wait::{Offer, Seen, Subscriber, Ticket, Wake};
 use crate::{Error, LockGuard, LockOptions, LockerBuilder, Result, Retry};
 
 /// On a quorum, a release heard from one node may not have reached the others yet: an
@@ -216,8 +216,33 @@ impl Locker {
         let deadline = options.timeout.and_then(|t| started.checked_add(t));
         let mut delays = options.retry.delays();
         let subscriber = &self.shared.subscriber;
-        // Registered as a waiter after the first attempt that finds the keys held.
-        let mut ticket: Option<Ticket<'_>> = None;
+        // What a releasing guard of this locker needs to hand the lock over to us.
+        let offer = Arc::new(Offer {
+            keys,
+            value,
+            owner_len: token_at.end,
+            ttl_ms,
+            fencing: options.fencing,
+            fixed_token,
+        });
+        let held = |fences: Vec<u64>, sent_at: Instant| {
+            let timing = Timing::new(ttl_ms, sent_at);
+            let held = Held::new(
+                offer.keys.clone(),
+                offer.value.clone(),
+                token_at.clone(),
+                fences,
+                timing,
+            );
+            let held = held.named(names.clone());
+            LockGuard::new(Arc::clone(&self.shared), held, options.auto_refresh)
+        };
+        let keys = &offer.keys;
+        // In line once an attempt found the keys held; at once, without an attempt, behind
+        // threads of this locker already waiting for one of them.
+        let mut ticket: Option<Ticket<'_>> = subscriber
+            .queued(keys)
+            .then(|| subscriber.wait_for(Arc::clone(&offer), Seen::default()));
         // The end of the current retry delay: a wake-up before it gives an attempt, not a
         // retry, so `limit` and the backoff keep counting delays served.
         let mut wake_at: Option<Instant> = None;
@@ -225,50 +250,47 @@ impl Locker {
         let mut quick = 0;
 
         loop {
+            let mut partial = false;
+            // Only the first in line talks to Redis; the others wait their turn.
+            let first = ticket.as_ref().is_none_or(Ticket::is_first);
             // What a waiter has seen of the keys, noted before the attempt: a release heard
             // while the attempt is in flight then ends the next wait at once.
-            let before = match &mut ticket {
-                None => subscriber.seen(&keys),
-                Some(ticket) => {
-                    ticket.mark();
-                    Seen::default()
+            let mut before = Seen::default();
+            if first {
+                match &mut ticket {
+                    None => before = subscriber.seen(keys),
+                    Some(ticket) => ticket.mark(),
                 }
-            };
-            let sent_at = Instant::now();
-            let mut partial = false;
-            let outcome = {
+                let sent_at = Instant::now();
                 // A plain SET first only where the key is likely free: on a first attempt,
                 // and not while threads of ours wait for it.
                 let set_first = ticket.is_none() && !subscriber.is_watched(&keys[0]);
                 let attempt = Attempt {
-                    keys: &keys,
-                    value: &value,
-                    owner_len: token_at.end,
+                    keys,
+                    value: &offer.value,
+                    owner_len: offer.owner_len,
                     ttl_ms,
                     fencing: options.fencing,
                     prefix,
                     fixed_token,
+                    over: None,
                 };
-                self.shared.backend.acquire(&attempt, set_first)?
-            };
-            match outcome {
-                Acquired::Yes { fences, .. } => {
-                    let timing = Timing::new(ttl_ms, sent_at);
-                    let held = Held::new(keys, value, token_at, fences, timing).named(names);
-                    return LockGuard::new(Arc::clone(&self.shared), held, options.auto_refresh);
+                match self.shared.backend.acquire(&attempt, set_first)? {
+                    Acquired::Yes { fences, .. } => return held(fences, sent_at),
+                    Acquired::WrongType { key, kind } => {
+                        // Name a lock key as the caller did; a fencing counter by its Redis
+                        // name.
+                        let named = keys
+                            .iter()
+                            .position(|k| *k == key)
+                            .and_then(|i| names.as_ref().and_then(|names| names.get(i).cloned()));
+                        let key = named.unwrap_or(key);
+                        return Err(Error::WrongType { key, kind });
+                    }
+                    Acquired::HeldElsewhere => {}
+                    Acquired::Partial => partial = true,
+                    Acquired::NoQuorum => return Err(no_quorum()),
                 }
-                Acquired::WrongType { key, kind } => {
-                    // Name a lock key as the caller did; a fencing counter by its Redis name.
-                    let named = keys
-                        .iter()
-                        .position(|k| *k == key)
-                        .and_then(|i| names.as_ref().and_then(|names| names.get(i).cloned()));
-                    let key = named.unwrap_or(key);
-                    return Err(Error::WrongType { key, kind });
-                }
-                Acquired::HeldElsewhere => {}
-                Acquired::Partial => partial = true,
-                Acquired::NoQuorum => return Err(no_quorum()),
             }
             let now = Instant::now();
             let mut until = match wake_at {
@@ -291,11 +313,12 @@ impl Locker {
                 // At a random moment, so that the woken waiters do not collide again.
                 until = until.min(now + QUICK_PAUSE + delays.jitter(QUICK_PAUSE * 4));
             }
-            let released = ticket
-                .get_or_insert_with(|| subscriber.wait_for(&keys, before))
-                .wait_until(until);
-            if released {
-                quick = QUICK_RETRIES;
+            let ticket =
+                ticket.get_or_insert_with(|| subscriber.wait_for(Arc::clone(&offer), before));
+            match ticket.wait_until(until) {
+                Wake::Handed { fences, sent_at } => return held(fences, sent_at),
+                Wake::Released => quick = QUICK_RETRIES,
+                Wake::Turn | Wake::Timeout => {}
             }
         }
     }

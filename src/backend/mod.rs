@@ -91,6 +91,23 @@ impl Backend {
         }
     }
 
+    /// A hand-over: one attempt that takes the keys from the releasing guard whose value
+    /// is `attempt.over` (see `lua/acquire.lua`), without publishing a release. `None`
+    /// where a hand-over is not safe as one request: on a quorum (it would have to win a
+    /// majority of its own) and across cluster slots; the guard then releases, and the
+    /// waiter attempts.
+    pub(crate) fn hand_over(&self, attempt: &Attempt<'_>) -> Option<Result<Acquired>> {
+        match self {
+            // Safe to repeat: a second run finds the keys the waiter's and answers 0; the
+            // waiter's own attempt then re-obtains them.
+            Backend::Single(pool) => Some(pool.run(|con| scripts::acquire(con, attempt, false))),
+            Backend::Cluster(cluster, _) if slot::by_slot(attempt.keys).len() == 1 => {
+                Some(cluster.acquire(attempt, false))
+            }
+            Backend::Cluster(..) | Backend::Quorum(_) => None,
+        }
+    }
+
     /// Refreshes a batch: what was found of each lock. An error when nothing could be
     /// asked at all.
     pub(crate) fn refresh(&self, locks: &[Refresh<'_>]) -> Result<Vec<Refreshed>> {

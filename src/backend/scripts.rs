@@ -156,11 +156,9 @@ pub(crate) fn acquire_call(attempt: &Attempt<'_>) -> Call {
     let owner_len = attempt.owner_len.to_string();
     let ttl_ms = attempt.ttl_ms.to_string();
     let fencing = if attempt.fencing { "1" } else { "0" };
-    Call::new(
-        &ACQUIRE,
-        &keys,
-        &[attempt.value, &owner_len, &ttl_ms, fencing],
-    )
+    let mut args = vec![attempt.value, &owner_len, &ttl_ms, fencing];
+    args.extend(attempt.over);
+    Call::new(&ACQUIRE, &keys, &args)
 }
 
 /// The acquire script's answer.
@@ -218,6 +216,9 @@ pub(crate) struct Attempt<'a> {
     /// Whether the token is the caller's own: then the keys may already hold this value
     /// from an earlier acquisition, and a failed attempt must not delete them blindly.
     pub(crate) fixed_token: bool,
+    /// For a hand-over: the releasing guard's value, which every key must still hold and
+    /// which this one replaces.
+    pub(crate) over: Option<&'a str>,
 }
 
 /// One lock for [`refresh`]: its keys, its value and the TTL to set.

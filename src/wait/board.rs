@@ -1,11 +1,14 @@
 //! What the subscriber thread and the waiters share: the keys watched, the releases and
-//! subscriptions heard, and each waiter's ticket.
+//! subscriptions heard, the lines waiters wait in, and each waiter's ticket.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
+
+use super::line::{Handover, Lines, Offer};
 
 /// How often the thread looks up from its connection: to stop, and to drop channels no
 /// one has waited on for a while.
@@ -15,6 +18,7 @@ pub(super) const SWEEP: Duration = Duration::from_secs(1);
 #[derive(Default)]
 pub(super) struct Board {
     pub(super) state: Mutex<State>,
+    /// For the thread's own stop and finish (waiters sleep on wake-ups of their own).
     pub(super) changed: Condvar,
     /// This locker's own channel: a message there wakes the thread to (un)subscribe or stop.
     pub(super) wake: String,
@@ -27,6 +31,8 @@ pub(super) struct Board {
 #[derive(Default)]
 pub(super) struct State {
     keys: HashMap<String, Watch>,
+    /// The waiters of this locker, in line per key.
+    pub(super) lines: Lines,
     /// Counts every release heard and subscription confirmed, whatever the key: each
     /// such event is stamped with the next number, so stamps only grow, even for a key
     /// whose watch was swept and made anew (counting per watch would start again at zero
@@ -60,16 +66,65 @@ pub(crate) struct Seen {
     all_subscribed: bool,
 }
 
-/// One waiter's registration; unregisters on drop.
+/// One waiter's place in line, and its registration with the subscriber thread; both
+/// given up on drop (the waiter got the lock, gave up, or its thread panicked).
 pub(crate) struct Ticket<'a> {
     board: &'a Board,
+    id: u64,
+    wake: Arc<Condvar>,
     keys: Vec<String>,
+    /// Registered with the subscriber thread (not when there is no connection for it).
+    watched: bool,
     seen: Seen,
+    /// First in line at the last look: becoming first ends a wait.
+    first: bool,
+}
+
+/// Why a wait ended.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Wake {
+    /// A release of one of the keys was heard: attempt now.
+    Released,
+    /// The lock was handed over by a releasing guard of this locker: it is held.
+    Handed { fences: Vec<u64>, sent_at: Instant },
+    /// Attempt now: the waiter just became first in line, the subscription to its keys
+    /// was (re)confirmed, or a hand-over was declined.
+    Turn,
+    /// The wait ran out.
+    Timeout,
 }
 
 impl<'a> Ticket<'a> {
-    pub(super) fn new(board: &'a Board, keys: Vec<String>, seen: Seen) -> Ticket<'a> {
-        Ticket { board, keys, seen }
+    /// Puts a waiter in line for `offer.keys`, who noted `seen` of them before its last
+    /// attempt; with `watch`, also registers it with the subscriber thread.
+    /// `true` with it when some key is new to the thread, which must then subscribe.
+    pub(super) fn new(
+        board: &'a Board,
+        offer: Arc<Offer>,
+        watch: bool,
+        seen: Seen,
+    ) -> (Ticket<'a>, bool) {
+        let keys = offer.keys.clone();
+        let mut state = board.state.lock();
+        let (id, wake) = state.lines.join(offer);
+        let first = state.lines.is_first(id);
+        drop(state);
+        let new_keys = watch && board.register(&keys);
+        let ticket = Ticket {
+            board,
+            id,
+            wake,
+            keys,
+            watched: watch,
+            seen,
+            first,
+        };
+        (ticket, new_keys)
+    }
+
+    /// Whether this waiter is first in line on all of its keys: only then does it attempt.
+    pub(crate) fn is_first(&self) -> bool {
+        self.board.state.lock().lines.is_first(self.id)
     }
 
     /// Notes what has been seen of the keys: call before each attempt.
@@ -77,29 +132,63 @@ impl<'a> Ticket<'a> {
         self.seen = self.board.state.lock().observe(&self.keys);
     }
 
-    /// Sleeps until `until`, or until one of the keys was released or the subscription to
-    /// all of them was (re)confirmed since the last [`mark`](Self::mark) (or since the
-    /// snapshot taken before the first attempt), whichever comes first; `true` when a
-    /// release was heard.
-    pub(crate) fn wait_until(&mut self, until: Instant) -> bool {
+    /// Sleeps on this waiter's own wake-up until `until`, or until it is handed the lock,
+    /// becomes first in line, or (first in line) one of its keys was released or the
+    /// subscription to all of them was (re)confirmed since the last [`mark`](Self::mark)
+    /// (or since the snapshot taken before the first attempt).
+    pub(crate) fn wait_until(&mut self, until: Instant) -> Wake {
         let mut state = self.board.state.lock();
-        loop {
-            let now = state.observe(&self.keys);
-            let released = now.released != self.seen.released;
-            let resubscribed = now.all_subscribed && now.subscribed_at != self.seen.subscribed_at;
-            if released || resubscribed {
-                return released;
+        state.lines.set_asleep(self.id, true);
+        let wake = loop {
+            match state.lines.take_handover(self.id) {
+                Some(Handover::Done { fences, sent_at }) => break Wake::Handed { fences, sent_at },
+                Some(Handover::Declined) => break Wake::Turn,
+                None => {}
             }
-            if self.board.changed.wait_until(&mut state, until).timed_out() {
-                return false;
+            if state.lines.is_claimed(self.id) {
+                // A releasing guard is handing the lock over: its call is bounded by the
+                // pool's timeouts, and it ends the claim whatever happens.
+                self.wake.wait_for(&mut state, Duration::from_millis(100));
+                continue;
             }
-        }
+            let first = state.lines.is_first(self.id);
+            if first && !self.first {
+                self.first = true;
+                break Wake::Turn;
+            }
+            self.first = first;
+            if first {
+                let now = state.observe(&self.keys);
+                if now.released != self.seen.released {
+                    break Wake::Released;
+                }
+                if now.all_subscribed && now.subscribed_at != self.seen.subscribed_at {
+                    break Wake::Turn;
+                }
+            }
+            if self.wake.wait_until(&mut state, until).timed_out()
+                && !state.lines.is_claimed(self.id)
+            {
+                match state.lines.take_handover(self.id) {
+                    Some(Handover::Done { fences, sent_at }) => {
+                        break Wake::Handed { fences, sent_at };
+                    }
+                    Some(Handover::Declined) => break Wake::Turn,
+                    None => break Wake::Timeout,
+                }
+            }
+        };
+        state.lines.set_asleep(self.id, false);
+        wake
     }
 }
 
 impl Drop for Ticket<'_> {
     fn drop(&mut self) {
-        self.board.unregister(&self.keys);
+        self.board.state.lock().lines.leave(self.id);
+        if self.watched {
+            self.board.unregister(&self.keys);
+        }
     }
 }
 
@@ -154,7 +243,8 @@ impl Board {
         if let Some(watch) = state.keys.get_mut(key) {
             watch.released = stamp;
             state.generation = stamp;
-            self.changed.notify_all();
+            // Only the first in line may act on it.
+            state.lines.wake_front(key);
         }
     }
 
@@ -168,7 +258,7 @@ impl Board {
         watch.subscribed = true;
         watch.subscribed_at = stamp;
         state.generation = stamp;
-        self.changed.notify_all();
+        state.lines.wake_front(key);
         true
     }
 
@@ -242,16 +332,25 @@ mod tests {
         started.elapsed() < Duration::from_millis(900)
     }
 
+    fn offer(names: &[&str]) -> Arc<Offer> {
+        Arc::new(Offer {
+            keys: keys(names),
+            value: "v".into(),
+            owner_len: 1,
+            ttl_ms: 1000,
+            fencing: false,
+            fixed_token: false,
+        })
+    }
+
     fn ticket<'a>(board: &'a Board, names: &[&str], before: Seen) -> Ticket<'a> {
-        let keys = keys(names);
-        board.register(&keys);
-        Ticket::new(board, keys, before)
+        Ticket::new(board, offer(names), true, before).0
     }
 
     #[test]
     fn a_release_heard_before_registration_is_not_missed() {
         let board = Board::default();
-        let other = ticket(&board, &["k"], Seen::default());
+        drop(ticket(&board, &["k"], Seen::default()));
         assert!(board.subscribed("k"));
         // The waiter notes the key before its attempt, a release is heard while the
         // attempt is in flight, then the waiter registers.
@@ -259,7 +358,6 @@ mod tests {
         board.released("k");
         let mut late = ticket(&board, &["k"], before);
         assert!(returns_early(&mut late));
-        drop(other);
     }
 
     #[test]

@@ -18,7 +18,9 @@
 //! simply wait out their retry delays.
 
 mod board;
+mod line;
 mod subscriber;
 
-pub(crate) use board::{Seen, Ticket};
+pub(crate) use board::{Seen, Ticket, Wake};
+pub(crate) use line::Offer;
 pub(crate) use subscriber::Subscriber;

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use super::board::{Board, SWEEP, Seen, Ticket};
+use super::line::{Handover, Offer};
 use crate::Result;
 use crate::backend::Pool;
 use crate::hold::random_token;
@@ -51,19 +52,40 @@ impl Subscriber {
         self.board.is_watched(key)
     }
 
-    /// Registers a waiter for `keys`, who noted `before` of them before its last attempt.
-    /// Starts the thread, and has it subscribe to new keys, if need be.
-    pub(crate) fn wait_for(&self, keys: &[String], before: Seen) -> Ticket<'_> {
-        if !self.pools.iter().any(Pool::can_dedicate) {
-            // No connection to subscribe with: the waiter waits out its delays.
-            return Ticket::new(&self.board, Vec::new(), before);
-        }
-        let new_keys = self.board.register(keys);
+    /// Puts a waiter in line for `offer.keys`, who noted `before` of them before its last
+    /// attempt (if any). Starts the thread, and has it subscribe to new keys, if need be.
+    pub(crate) fn wait_for(&self, offer: Arc<Offer>, before: Seen) -> Ticket<'_> {
+        // Without a connection to subscribe with, waiters wait out their delays.
+        let watch = self.pools.iter().any(Pool::can_dedicate);
+        let (ticket, new_keys) = Ticket::new(&self.board, offer, watch, before);
         if new_keys {
             self.start();
             self.wake_thread();
         }
-        Ticket::new(&self.board, keys.to_vec(), before)
+        ticket
+    }
+
+    /// Whether threads of this locker wait in line for one of `keys`: a newcomer then
+    /// gets in line behind them without an attempt of its own.
+    pub(crate) fn queued(&self, keys: &[String]) -> bool {
+        self.board.state.lock().lines.any_waiting(keys)
+    }
+
+    /// For a guard about to release `keys`: the waiter of this locker to hand the lock to
+    /// instead, if there is one (see [`Claim`]).
+    pub(crate) fn claim(&self, keys: &[String]) -> Option<Claim<'_>> {
+        let (id, offer) = self.board.state.lock().lines.claim(keys)?;
+        Some(Claim {
+            board: &self.board,
+            id,
+            offer,
+            ended: false,
+        })
+    }
+
+    /// A release that was not a hand-over: the streak of hand-overs of `keys` is over.
+    pub(crate) fn released(&self, keys: &[String]) {
+        self.board.state.lock().lines.released_for_real(keys);
     }
 
     /// What a waiter has seen so far of `keys` (nothing for keys no one watches yet).
@@ -96,6 +118,40 @@ impl Subscriber {
                     .query::<i64>(con)
             });
         }
+    }
+}
+
+/// A waiter claimed by a releasing guard: it sleeps until told how the hand-over ended.
+/// Dropped without [`handed`](Claim::handed), it is told to attempt by itself.
+pub(crate) struct Claim<'a> {
+    board: &'a Board,
+    id: u64,
+    offer: Arc<Offer>,
+    ended: bool,
+}
+
+impl Claim<'_> {
+    /// What the waiter asks for: its keys, value, TTL and fencing.
+    pub(crate) fn offer(&self) -> &Offer {
+        &self.offer
+    }
+
+    /// The lock is the waiter's now.
+    pub(crate) fn handed(mut self, fences: Vec<u64>, sent_at: Instant) {
+        self.end(Handover::Done { fences, sent_at });
+    }
+
+    fn end(&mut self, handover: Handover) {
+        if !self.ended {
+            self.ended = true;
+            self.board.state.lock().lines.end_claim(self.id, handover);
+        }
+    }
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        self.end(Handover::Declined);
     }
 }
 

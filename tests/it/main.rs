@@ -7,6 +7,7 @@ mod fencing;
 mod input;
 mod lock;
 mod props;
+mod queue;
 mod readme;
 mod redlock;
 mod refresh;

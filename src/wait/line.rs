@@ -1,0 +1,315 @@
+//! The in-process queue: threads of one locker that wait for a key wait in line, in arrival
+//! order. Only a waiter first in line on every one of its keys talks to Redis; the others
+//! sleep on a wake-up of their own until they are first. A release by the same locker may
+//! hand the lock straight to the first in line (see [`Lines::claim`]).
+//!
+//! Arrival order is one order for all keys, so multi-key waiters cannot wait for each
+//! other in a circle: the earliest waiter of any set of overlapping ones is first on
+//! all of its keys.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Condvar;
+
+/// A hand-over streak ends after this many in a row, or after [`STREAK_TIME`]: the next
+/// release of those keys is a real one, published, so that waiters in other processes
+/// (which no hand-over reaches) get their chance.
+pub(crate) const STREAK_HANDOVERS: u32 = 4;
+/// See [`STREAK_HANDOVERS`].
+pub(crate) const STREAK_TIME: Duration = Duration::from_millis(10);
+
+/// What a releasing guard needs to take the keys for a waiter: the waiter's own value and
+/// TTL, in the waiter's key order.
+#[derive(Debug)]
+pub(crate) struct Offer {
+    /// The keys as stored in Redis.
+    pub(crate) keys: Vec<String>,
+    pub(crate) value: String,
+    pub(crate) owner_len: usize,
+    pub(crate) ttl_ms: u64,
+    pub(crate) fencing: bool,
+    pub(crate) fixed_token: bool,
+}
+
+/// How a claim on a waiter ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Handover {
+    /// The lock is the waiter's now: its fencing tokens, and when the request was sent.
+    Done { fences: Vec<u64>, sent_at: Instant },
+    /// Not handed over (the lock was gone, or Redis could not be asked): the waiter
+    /// attempts by itself.
+    Declined,
+}
+
+#[derive(Default)]
+pub(super) struct Lines {
+    next_id: u64,
+    /// Per key, the waiters in arrival order.
+    lines: HashMap<String, VecDeque<u64>>,
+    places: HashMap<u64, Place>,
+    /// Hand-overs in a row per set of keys (sorted), since the last real release.
+    streaks: HashMap<Vec<String>, Streak>,
+}
+
+struct Place {
+    keys: Vec<String>,
+    /// The keys sorted: a lock is handed over only to a waiter for exactly its keys.
+    sorted: Vec<String>,
+    wake: Arc<Condvar>,
+    offer: Arc<Offer>,
+    /// Asleep in a wait (not in the middle of an attempt of its own).
+    asleep: bool,
+    claim: Claim,
+}
+
+#[derive(PartialEq, Eq)]
+enum Claim {
+    Free,
+    /// A releasing guard is handing the lock over right now.
+    Pending,
+    Ended(Handover),
+}
+
+struct Streak {
+    count: u32,
+    since: Instant,
+}
+
+impl Lines {
+    /// Puts a waiter at the back of the line of each of its keys; its id, and the
+    /// wake-up it sleeps on.
+    pub(super) fn join(&mut self, offer: Arc<Offer>) -> (u64, Arc<Condvar>) {
+        let id = self.next_id;
+        self.next_id += 1;
+        let keys = offer.keys.clone();
+        for key in &keys {
+            self.lines.entry(key.clone()).or_default().push_back(id);
+        }
+        let mut sorted = keys.clone();
+        sorted.sort_unstable();
+        let wake = Arc::new(Condvar::new());
+        let place = Place {
+            keys,
+            sorted,
+            wake: Arc::clone(&wake),
+            offer,
+            asleep: false,
+            claim: Claim::Free,
+        };
+        self.places.insert(id, place);
+        (id, wake)
+    }
+
+    /// Takes a waiter out of every line, and wakes whoever is first now.
+    pub(super) fn leave(&mut self, id: u64) {
+        let Some(place) = self.places.remove(&id) else {
+            return;
+        };
+        for key in &place.keys {
+            if let Some(line) = self.lines.get_mut(key) {
+                let was_first = line.front() == Some(&id);
+                line.retain(|&other| other != id);
+                if line.is_empty() {
+                    self.lines.remove(key);
+                } else if was_first {
+                    self.wake_front(key);
+                }
+            }
+        }
+    }
+
+    /// Whether any waiter is in line for one of `keys`.
+    pub(super) fn any_waiting(&self, keys: &[String]) -> bool {
+        keys.iter().any(|key| self.lines.contains_key(key))
+    }
+
+    /// Whether the waiter is first in line on every one of its keys.
+    pub(super) fn is_first(&self, id: u64) -> bool {
+        self.places.get(&id).is_some_and(|place| {
+            place
+                .keys
+                .iter()
+                .all(|key| self.lines.get(key).and_then(VecDeque::front) == Some(&id))
+        })
+    }
+
+    /// Wakes the waiter first in line for `key` (a release of it was heard, or its
+    /// subscription confirmed, or it just became first).
+    pub(super) fn wake_front(&self, key: &str) {
+        if let Some(place) = self
+            .lines
+            .get(key)
+            .and_then(VecDeque::front)
+            .and_then(|id| self.places.get(id))
+        {
+            place.wake.notify_one();
+        }
+    }
+
+    pub(super) fn set_asleep(&mut self, id: u64, asleep: bool) {
+        if let Some(place) = self.places.get_mut(&id) {
+            place.asleep = asleep;
+        }
+    }
+
+    /// For a guard releasing `keys` (as stored): the waiter to hand the lock to, if one
+    /// waits for exactly these keys, is first in line on all of them, is asleep, and the
+    /// keys' streak of hand-overs is not over. Marks it claimed: it stays in line until
+    /// [`end_claim`](Self::end_claim). When the streak is over, it is reset, and `None`
+    /// makes this release a real one.
+    pub(super) fn claim(&mut self, keys: &[String]) -> Option<(u64, Arc<Offer>)> {
+        let id = *self.lines.get(keys.first()?)?.front()?;
+        if !self.is_first(id) {
+            return None;
+        }
+        let mut sorted = keys.to_vec();
+        sorted.sort_unstable();
+        let place = self.places.get(&id)?;
+        if place.sorted != sorted || !place.asleep || place.claim != Claim::Free {
+            return None;
+        }
+        if let Some(streak) = self.streaks.get(&sorted)
+            && (streak.count >= STREAK_HANDOVERS || streak.since.elapsed() >= STREAK_TIME)
+        {
+            self.streaks.remove(&sorted);
+            return None;
+        }
+        let offer = Arc::clone(&place.offer);
+        if let Some(place) = self.places.get_mut(&id) {
+            place.claim = Claim::Pending;
+        }
+        Some((id, offer))
+    }
+
+    /// Ends a claim, and wakes the waiter to take what it says.
+    pub(super) fn end_claim(&mut self, id: u64, handover: Handover) {
+        let Some(place) = self.places.get_mut(&id) else {
+            return;
+        };
+        if handover != Handover::Declined {
+            let streak = self
+                .streaks
+                .entry(place.sorted.clone())
+                .or_insert_with(|| Streak {
+                    count: 0,
+                    since: Instant::now(),
+                });
+            streak.count += 1;
+        }
+        place.claim = Claim::Ended(handover);
+        place.wake.notify_one();
+    }
+
+    /// A real release of `keys`: their streak of hand-overs is over.
+    pub(super) fn released_for_real(&mut self, keys: &[String]) {
+        if !self.streaks.is_empty() {
+            let mut sorted = keys.to_vec();
+            sorted.sort_unstable();
+            self.streaks.remove(&sorted);
+        }
+    }
+
+    /// Whether a claim on the waiter is under way.
+    pub(super) fn is_claimed(&self, id: u64) -> bool {
+        self.places
+            .get(&id)
+            .is_some_and(|place| place.claim == Claim::Pending)
+    }
+
+    /// How a claim on the waiter ended, once: it is free again after this.
+    pub(super) fn take_handover(&mut self, id: u64) -> Option<Handover> {
+        let place = self.places.get_mut(&id)?;
+        match std::mem::replace(&mut place.claim, Claim::Free) {
+            Claim::Ended(handover) => Some(handover),
+            other => {
+                place.claim = other;
+                None
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn offer(keys: &[&str]) -> Arc<Offer> {
+        Arc::new(Offer {
+            keys: keys.iter().map(|k| k.to_string()).collect(),
+            value: "v".into(),
+            owner_len: 1,
+            ttl_ms: 1000,
+            fencing: false,
+            fixed_token: false,
+        })
+    }
+
+    fn keys(names: &[&str]) -> Vec<String> {
+        names.iter().map(|k| k.to_string()).collect()
+    }
+
+    #[test]
+    fn waiters_are_first_in_arrival_order() {
+        let mut lines = Lines::default();
+        let (a, _) = lines.join(offer(&["k"]));
+        let (b, _) = lines.join(offer(&["k"]));
+        assert!(lines.is_first(a) && !lines.is_first(b));
+        lines.leave(a);
+        assert!(lines.is_first(b));
+        lines.leave(b);
+        assert!(!lines.any_waiting(&keys(&["k"])));
+    }
+
+    #[test]
+    fn overlapping_multi_key_waiters_never_wait_in_a_circle() {
+        let mut lines = Lines::default();
+        let (ab, _) = lines.join(offer(&["a", "b"]));
+        let (bc, _) = lines.join(offer(&["b", "c"]));
+        let (ca, _) = lines.join(offer(&["c", "a"]));
+        assert!(lines.is_first(ab));
+        assert!(!lines.is_first(bc) && !lines.is_first(ca));
+        lines.leave(ab);
+        assert!(lines.is_first(bc) && !lines.is_first(ca));
+        lines.leave(bc);
+        assert!(lines.is_first(ca));
+    }
+
+    #[test]
+    fn only_an_asleep_first_waiter_for_the_same_keys_is_claimed() {
+        let mut lines = Lines::default();
+        let (w, _) = lines.join(offer(&["b", "a"]));
+        assert!(lines.claim(&keys(&["a", "b"])).is_none(), "awake");
+        lines.set_asleep(w, true);
+        assert!(lines.claim(&keys(&["a"])).is_none(), "other keys");
+        let (id, _) = lines.claim(&keys(&["a", "b"])).unwrap();
+        assert_eq!(id, w);
+        assert!(lines.is_claimed(w));
+        assert!(lines.claim(&keys(&["a", "b"])).is_none(), "claimed once");
+        lines.end_claim(w, Handover::Declined);
+        assert_eq!(lines.take_handover(w), Some(Handover::Declined));
+        assert_eq!(lines.take_handover(w), None);
+    }
+
+    #[test]
+    fn a_streak_of_hand_overs_ends_in_a_real_release() {
+        let mut lines = Lines::default();
+        let k = keys(&["k"]);
+        for _ in 0..STREAK_HANDOVERS {
+            let (w, _) = lines.join(offer(&["k"]));
+            lines.set_asleep(w, true);
+            let (id, _) = lines.claim(&k).unwrap();
+            let done = Handover::Done {
+                fences: Vec::new(),
+                sent_at: Instant::now(),
+            };
+            lines.end_claim(id, done);
+            lines.leave(id);
+        }
+        let (w, _) = lines.join(offer(&["k"]));
+        lines.set_asleep(w, true);
+        assert!(lines.claim(&k).is_none(), "the streak is over");
+        assert!(lines.claim(&k).is_some(), "and starts again");
+    }
+}

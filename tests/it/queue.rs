@@ -1,0 +1,276 @@
+//! Contention inside one locker: waiters queue in arrival order, and a release hands the
+//! lock to the first in line.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redguard::{Error, LockOptions, Retry};
+
+use crate::server::RedisServer;
+use crate::{eventually, locker};
+
+/// How often clients called `command` so far (INFO commandstats; calls made by scripts
+/// are counted too, so ask for commands the scripts do not run).
+fn calls(server: &RedisServer, command: &str) -> u64 {
+    let info: String = server.query(&["INFO", "commandstats"]);
+    info.lines()
+        .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn threads_of_one_locker_are_served_in_arrival_order() {
+    let server = RedisServer::start();
+    let locker = locker(&server);
+    let holder = locker.lock(&["k"]).unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut threads = Vec::new();
+    for i in 0..5 {
+        let (locker, order) = (locker.clone(), order.clone());
+        threads.push(thread::spawn(move || {
+            let guard = locker.lock(&["k"]).unwrap();
+            order.lock().unwrap().push(i);
+            thread::sleep(Duration::from_millis(5));
+            drop(guard);
+        }));
+        if i == 0 {
+            eventually(
+                Duration::from_secs(5),
+                "the first waiter subscribes",
+                || server.subscribers("redguard:released:k") == 1,
+            );
+        }
+        // Well after the previous one is in line.
+        thread::sleep(Duration::from_millis(100));
+    }
+    drop(holder);
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), [0, 1, 2, 3, 4]);
+}
+
+#[test]
+fn a_release_hands_the_lock_to_the_next_in_line_in_one_round_trip() {
+    let server = RedisServer::start();
+    let locker = locker(&server);
+    let options = || {
+        LockOptions::default()
+            .fencing(true)
+            .ttl(Duration::from_secs(7))
+    };
+    let holder = locker.lock_with(&["k"], options()).unwrap();
+    let waiter = {
+        let locker = locker.clone();
+        // Retries only every 10 s: asleep when the release comes.
+        let patient = options().retry(Retry::linear(Duration::from_secs(10)));
+        thread::spawn(move || locker.lock_with(&["k"], patient).unwrap())
+    };
+    eventually(Duration::from_secs(5), "the waiter subscribes", || {
+        server.subscribers("redguard:released:k") == 1
+    });
+    thread::sleep(Duration::from_millis(50)); // past its attempt after subscribing
+    let scripts = || calls(&server, "evalsha") + calls(&server, "eval");
+    let (scripts_before, publishes_before) = (scripts(), calls(&server, "publish"));
+    let old_token = holder.token().to_string();
+    holder.release().unwrap();
+    let handed = waiter.join().unwrap();
+    // The hand-over script, and nothing else: no release, no publish, no attempt.
+    assert_eq!(scripts() - scripts_before, 1, "one script call");
+    assert_eq!(
+        calls(&server, "publish"),
+        publishes_before,
+        "nothing published"
+    );
+    assert_eq!(
+        handed.fence(),
+        Some(2),
+        "a new acquisition: the next fencing token"
+    );
+    assert_ne!(handed.token(), old_token, "its own token");
+    let stored: String = server.query(&["GET", "k"]);
+    assert_eq!(stored, handed.token());
+    let ttl: u64 = server.query(&["PTTL", "k"]);
+    assert!((6_000..=7_000).contains(&ttl), "its own TTL: {ttl}");
+    assert!(!handed.is_lost());
+    handed.release().unwrap();
+    assert_eq!(server.query::<u32>(&["EXISTS", "k"]), 0);
+}
+
+#[test]
+fn a_handed_over_guard_has_its_own_value_and_is_auto_refreshed() {
+    let server = RedisServer::start();
+    let locker = locker(&server);
+    let short = || LockOptions::default().ttl(Duration::from_millis(600));
+    let old = locker
+        .lock_with(&["k"], short().auto_refresh(false))
+        .unwrap();
+    let old_value: String = server.query(&["GET", "k"]);
+    let waiter = {
+        let locker = locker.clone();
+        thread::spawn(move || locker.lock_with(&["k"], short()).unwrap())
+    };
+    eventually(Duration::from_secs(5), "the waiter subscribes", || {
+        server.subscribers("redguard:released:k") == 1
+    });
+    thread::sleep(Duration::from_millis(50));
+    drop(old);
+    let handed = waiter.join().unwrap();
+    // The old value is gone: nothing of the old guard can refresh or release it.
+    assert_eq!(server.query::<String>(&["GET", "k"]), handed.token());
+    assert_ne!(handed.token(), old_value);
+    // Auto-refreshed past several TTLs.
+    thread::sleep(Duration::from_millis(1500));
+    assert!(!handed.is_lost());
+    assert!(handed.ttl().unwrap().is_some());
+}
+
+#[test]
+fn fencing_tokens_rise_and_exclusion_holds_through_hand_overs() {
+    let server = RedisServer::start();
+    let locker = locker(&server);
+    let counter = Arc::new(AtomicU64::new(0));
+    let inside = Arc::new(AtomicBool::new(false));
+    let fences = Arc::new(Mutex::new(Vec::new()));
+    let workers: Vec<_> = (0..8)
+        .map(|_| {
+            let (locker, counter, inside, fences) = (
+                locker.clone(),
+                counter.clone(),
+                inside.clone(),
+                fences.clone(),
+            );
+            thread::spawn(move || {
+                let mut tokens = std::collections::HashSet::new();
+                for _ in 0..200 {
+                    let guard = locker
+                        .lock_with(&["counter"], LockOptions::default().fencing(true))
+                        .unwrap();
+                    assert!(!inside.swap(true, Ordering::SeqCst), "two holders at once");
+                    let seen = counter.load(Ordering::SeqCst);
+                    thread::yield_now();
+                    counter.store(seen + 1, Ordering::SeqCst);
+                    // Recorded inside the critical section: the order they were held in.
+                    fences.lock().unwrap().push(guard.fence().unwrap());
+                    assert!(tokens.insert(guard.token().to_string()), "a token reused");
+                    inside.store(false, Ordering::SeqCst);
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.join().unwrap();
+    }
+    assert_eq!(counter.load(Ordering::SeqCst), 8 * 200);
+    let fences = fences.lock().unwrap();
+    assert!(
+        fences.windows(2).all(|w| w[0] < w[1]),
+        "fencing tokens rise"
+    );
+}
+
+#[test]
+fn a_queued_waiter_that_times_out_does_not_hold_up_the_next() {
+    let server = RedisServer::start();
+    let locker = locker(&server);
+    let holder = locker.lock(&["k"]).unwrap();
+    let impatient = {
+        let locker = locker.clone();
+        thread::spawn(move || {
+            let started = Instant::now();
+            let options = LockOptions::default().timeout(Duration::from_millis(300));
+            let result = locker.lock_with(&["k"], options).map(drop);
+            (result, started.elapsed())
+        })
+    };
+    thread::sleep(Duration::from_millis(50));
+    let patient = {
+        let locker = locker.clone();
+        thread::spawn(move || locker.lock(&["k"]).map(drop))
+    };
+    // Behind the impatient one, with a retry limit: its delays count while it waits.
+    let limited = {
+        let locker = locker.clone();
+        thread::spawn(move || {
+            let started = Instant::now();
+            let options =
+                LockOptions::default().retry(Retry::linear(Duration::from_millis(50)).limit(4));
+            let result = locker.lock_with(&["k"], options).map(drop);
+            (result, started.elapsed())
+        })
+    };
+    let (result, took) = impatient.join().unwrap();
+    assert!(matches!(result, Err(Error::NotObtained)), "{result:?}");
+    assert!(
+        took < Duration::from_millis(800),
+        "timed out on time: {took:?}"
+    );
+    let (result, took) = limited.join().unwrap();
+    assert!(matches!(result, Err(Error::NotObtained)), "{result:?}");
+    assert!(
+        took < Duration::from_millis(800),
+        "four delays of 50 ms: {took:?}"
+    );
+    drop(holder);
+    patient.join().unwrap().unwrap();
+}
+
+#[test]
+fn overlapping_multi_key_waiters_all_make_progress() {
+    let server = RedisServer::start();
+    let locker = locker(&server);
+    let sets = [["a", "b"], ["b", "c"], ["c", "a"]];
+    let workers: Vec<_> = sets
+        .iter()
+        .map(|keys| {
+            let locker = locker.clone();
+            let keys = *keys;
+            thread::spawn(move || {
+                for _ in 0..50 {
+                    let options = LockOptions::default().timeout(Duration::from_secs(10));
+                    drop(locker.lock_with(&keys, options).unwrap());
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.join().unwrap();
+    }
+}
+
+#[test]
+fn a_thread_of_another_locker_is_served_while_one_locker_passes_the_key_around() {
+    let server = RedisServer::start();
+    let insiders = locker(&server);
+    let outsider = locker(&server);
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = (0..4)
+        .map(|_| {
+            let (locker, stop) = (insiders.clone(), stop.clone());
+            thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    drop(locker.lock(&["k"]).unwrap());
+                }
+            })
+        })
+        .collect();
+    thread::sleep(Duration::from_millis(100));
+    let mut slowest = Duration::ZERO;
+    for _ in 0..20 {
+        let started = Instant::now();
+        let options = LockOptions::default().timeout(Duration::from_secs(5));
+        drop(outsider.lock_with(&["k"], options).unwrap());
+        slowest = slowest.max(started.elapsed());
+    }
+    stop.store(true, Ordering::Relaxed);
+    for worker in workers {
+        worker.join().unwrap();
+    }
+    assert!(
+        slowest < Duration::from_secs(2),
+        "the outsider waited {slowest:?}"
+    );
+}
