@@ -3,6 +3,8 @@
 //! ```text
 //! cargo bench                       # every workload, Markdown table on stdout
 //! BENCH_SECS=1 cargo bench          # shorter runs
+//! cargo bench -- fan-out            # only Redlock on 5 nodes against a raw fan-out
+//! taskset -c 0 cargo bench -- fan-out   # the same, client and servers on one CPU
 //! ```
 //!
 //! Every figure is measured in the same run as its floor, in alternating rounds, and
@@ -59,6 +61,10 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(2.0);
     let span = Duration::from_secs_f64(secs);
+    if std::env::args().any(|arg| arg == "fan-out") {
+        println!("{}", fan_out_floor(span));
+        return;
+    }
     let server = RedisServer::start();
     let _ = SERVER_PID.set(server.pid());
     let url = server.url();
@@ -124,6 +130,7 @@ fn main() {
     ));
 
     let scaling = scaling_out(&locker, span);
+    let fan_out = fan_out_floor(span);
 
     let contended = handoff(&locker, span, rtt);
     let parked = parked_handoff(&locker, 200, round_trip(&server, span));
@@ -155,6 +162,7 @@ fn main() {
         millis(first_lock)
     );
     println!("{scaling}\n");
+    println!("{fan_out}\n");
     println!("{contended}\n");
     println!("{parked}\n");
     println!("{refresher}");
@@ -218,6 +226,124 @@ fn scaling_out(single: &Locker, span: Duration) -> String {
         }
     }
     out
+}
+
+/// Redlock on 5 private servers against its floor, in alternating rounds, 1 thread: a raw
+/// fan-out over five plain sockets (SET NX PX written to all five, then the five replies
+/// read; then the compare-and-delete EVALSHA the same way), which is the same ten requests
+/// and replies as a Redlock cycle with nothing else. With everything on one CPU
+/// (`taskset -c 0`) the client's own CPU shows in the rate.
+fn fan_out_floor(span: Duration) -> String {
+    let servers: Vec<RedisServer> = (0..5).map(|_| RedisServer::start()).collect();
+    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    let pids: Vec<u32> = servers.iter().map(RedisServer::pid).collect();
+    let redlock = Locker::builder()
+        .pool_size(THREADS as u32 + 2)
+        .build_redlock(&urls)
+        .expect("redlock locker");
+    let mut floor = Vec::new();
+    let mut ours = Vec::new();
+    for _ in 0..ROUNDS {
+        floor.push(machine_cpu(&pids, || {
+            run(1, span, |_| raw_fan_out_cycle(&servers))
+        }));
+        ours.push(machine_cpu(&pids, || {
+            run(1, span, |i| lock_cycle(&redlock, vec![format!("f:{i}")]))
+        }));
+    }
+    let (floor, floor_cpu) = median_by(floor, |(stats, _)| stats.rate);
+    let (ours, ours_cpu) = median_by(ours, |(stats, _)| stats.rate);
+    let pinned = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                .map(|cpus| cpus.trim().to_string())
+        })
+        .unwrap_or_default();
+    let line = |name: &str, stats: &Stats, cpu: Cpu, base: Option<&Stats>| {
+        let (shown, _) = ratio_cells(stats, base, "floor", None);
+        format!(
+            "| {name} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {shown} |\n",
+            stats.rate,
+            micros(stats.p50),
+            micros(stats.p99),
+            cpu.all_us,
+            cpu.client_us,
+        )
+    };
+    let mut out = format!(
+        "### Redlock's client cost: 5 nodes against a raw fan-out, 1 thread (CPUs {pinned})\n\n\
+         | workload | cycles/s | p50 µs | p99 µs | CPU µs/cycle, all | CPU µs/cycle, client | \
+         ratio to floor |\n|---|---:|---:|---:|---:|---:|---:|\n"
+    );
+    out += &line(
+        "floor: SET NX PX, then EVALSHA del, each to 5 sockets at once",
+        &floor,
+        floor_cpu,
+        None,
+    );
+    out += &line(
+        "Redlock, 5 nodes: try_lock + release",
+        &ours,
+        ours_cpu,
+        Some(&floor),
+    );
+    out
+}
+
+/// One raw fan-out cycle over a plain socket per server (see [`fan_out_floor`]).
+fn raw_fan_out_cycle(servers: &[RedisServer]) -> Box<dyn FnMut()> {
+    use std::io::{Read, Write};
+    let sha: String = servers[0].query(&["SCRIPT", "LOAD", UNLOCK]);
+    let mut socks: Vec<std::net::TcpStream> = servers
+        .iter()
+        .map(|server| {
+            let _: String = server.query(&["SCRIPT", "LOAD", UNLOCK]);
+            let addr = server.url();
+            let addr = addr.trim_start_matches("redis://").trim_end_matches('/');
+            let sock = std::net::TcpStream::connect(addr).expect("connect");
+            sock.set_nodelay(true).expect("nodelay");
+            sock.set_read_timeout(Some(Duration::from_secs(2)))
+                .expect("timeout");
+            sock
+        })
+        .collect();
+    let key = format!("raw:{}", thread_id());
+    let set = redis::cmd("SET")
+        .arg(&key)
+        .arg("token")
+        .arg("NX")
+        .arg("PX")
+        .arg(30_000)
+        .get_packed_command();
+    let del = redis::cmd("EVALSHA")
+        .arg(&sha)
+        .arg(1)
+        .arg(&key)
+        .arg("token")
+        .get_packed_command();
+    let mut buf = [0u8; 64];
+    let mut fan_out = move |request: &[u8], reply: &[u8]| {
+        for sock in &mut socks {
+            sock.write_all(request).expect("write");
+        }
+        for sock in &mut socks {
+            let mut got = 0;
+            while !buf[..got].ends_with(b"\r\n") {
+                match sock.read(&mut buf[got..]).expect("read") {
+                    0 => panic!("server closed the connection"),
+                    n => got += n,
+                }
+            }
+            assert_eq!(&buf[..got], reply);
+        }
+    };
+    Box::new(move || {
+        fan_out(&set, b"+OK\r\n");
+        fan_out(&del, b":1\r\n");
+    })
 }
 
 /// Runs `work`, and gives its stats with the CPU per cycle of this process and `pids`
