@@ -86,7 +86,7 @@ impl Backend {
         match self {
             // Safe to repeat: taking keys that already hold our value again is a no-op.
             Backend::Single(pool) => pool.run(|con| scripts::acquire(con, attempt, set_first)),
-            Backend::Quorum(quorum) => quorum.acquire(attempt),
+            Backend::Quorum(quorum) => quorum.acquire(attempt, set_first),
             Backend::Cluster(cluster, _) => cluster.acquire(attempt, set_first),
         }
     }

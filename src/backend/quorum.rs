@@ -137,18 +137,58 @@ impl Quorum {
     /// it runs after the acquire should the node wake up. A lock that was won keeps the
     /// late nodes: what they take when they wake is the lock's.
     ///
+    /// With `set_first`, a single key without fencing is first taken with a plain
+    /// `SET NX PX` (a fraction of a script call's cost to each server); only the nodes
+    /// where it finds the key set are then asked the script (to re-obtain for the same
+    /// owner, or to name a key of another type), and only when the plain `SET`s did not
+    /// win: so that second round trip comes within the same longest attempt.
+    ///
     /// When fewer than a majority of the nodes answered: the first refusal among them (an
     /// error reply, or the last one of a node left out since) as [`Error::Redis`], else
     /// [`Acquired::NoQuorum`] (none could be reached in time).
-    pub(crate) fn acquire(&self, attempt: &Attempt<'_>) -> Result<Acquired> {
+    pub(crate) fn acquire(&self, attempt: &Attempt<'_>, set_first: bool) -> Result<Acquired> {
         let started = Instant::now();
         let take_back = || scripts::release_call(attempt.keys, attempt.value, "");
-        let Replies { values, unanswered } =
-            self.fan_out(&scripts::acquire_call(attempt), Ask::Awake);
+        let script = || scripts::acquire_call(attempt);
+        let plain = set_first.then(|| plain_set(attempt)).flatten();
+        let Replies {
+            values,
+            mut unanswered,
+        } = match &plain {
+            Some(set) => self.fan_out(set, Ask::Awake, started + self.timeout),
+            None => self.fan_out(&script(), Ask::Awake, started + self.timeout),
+        };
+        let mut found: Vec<Result<Acquired>> = match plain {
+            Some(_) => values.into_iter().map(|reply| parse_set(reply?)).collect(),
+            None => values
+                .into_iter()
+                .map(|reply| Ok(scripts::parse_acquired(reply?)?))
+                .collect(),
+        };
+        // `HeldElsewhere` from a plain `SET`: the key is set, by whoever.
+        let set_before: Vec<bool> = found
+            .iter()
+            .map(|found| plain.is_some() && matches!(found, Ok(Acquired::HeldElsewhere)))
+            .collect();
+        let won = found
+            .iter()
+            .filter(|found| matches!(found, Ok(Acquired::Yes { .. })))
+            .count()
+            >= self.majority();
+        if !won && set_before.contains(&true) {
+            let deadline = started + self.longest_attempt();
+            let again = self.fan_out(&script(), Ask::Only(&set_before), deadline);
+            for (i, reply) in again.values.into_iter().enumerate() {
+                if set_before[i] {
+                    found[i] = reply.and_then(|reply| Ok(scripts::parse_acquired(reply)?));
+                }
+            }
+            unanswered.extend(again.unanswered);
+        }
         let mut tally = Tally::default();
         let mut taken = vec![false; self.nodes.len()];
-        for (i, reply) in values.into_iter().enumerate() {
-            match reply.and_then(|reply| Ok(scripts::parse_acquired(reply)?)) {
+        for (i, found) in found.into_iter().enumerate() {
+            match found {
                 Ok(Acquired::Yes { fresh, .. }) => {
                     tally.taken += 1;
                     // A re-obtain is the owner's lock from before: never taken back.
@@ -185,7 +225,11 @@ impl Quorum {
         }
         if taken.contains(&true) {
             // Best effort: what is not taken back expires with its TTL.
-            let _ = self.fan_out(&take_back(), Ask::Only(&taken));
+            let _ = self.fan_out(
+                &take_back(),
+                Ask::Only(&taken),
+                Instant::now() + self.timeout,
+            );
         }
         outcome
     }
@@ -271,7 +315,10 @@ impl Quorum {
     ) -> Result<(Vec<T>, usize)> {
         let mut answers = Vec::with_capacity(self.nodes.len());
         let mut failure = None;
-        for reply in self.fan_out(call, ask).values {
+        for reply in self
+            .fan_out(call, ask, Instant::now() + self.timeout)
+            .values
+        {
             match reply.and_then(&parse) {
                 Ok(answer) => answers.push(answer),
                 Err(e) => {
@@ -291,7 +338,8 @@ impl Quorum {
         }
     }
 
-    /// Sends `call` to the nodes `ask` names, then reads each reply (see [`Replies`]).
+    /// Sends `call` to the nodes `ask` names, then reads each reply by `deadline` (see
+    /// [`Replies`]).
     ///
     /// Requests are written node after node, each as soon as its connection is there
     /// (waited for until the deadline): a thread never holds a node's connection while
@@ -304,9 +352,8 @@ impl Quorum {
     /// took, or as it took itself last time it answered (twice that, and 1 ms), unless
     /// the others alone cannot make a majority. So a frozen node costs a request a
     /// millisecond or so each time its rest ends, not the timeout.
-    fn fan_out(&self, call: &Call, ask: Ask<'_>) -> Replies {
+    fn fan_out(&self, call: &Call, ask: Ask<'_>, deadline: Instant) -> Replies {
         let started = Instant::now();
-        let deadline = started + self.timeout;
         let count = self.nodes.len();
         let asked = |i: usize| match ask {
             Ask::Only(only) => only.get(i) == Some(&true),
@@ -366,6 +413,38 @@ impl Quorum {
             read(i, by);
         }
         Replies { values, unanswered }
+    }
+}
+
+/// A plain `SET NX PX` for an attempt on one key without fencing.
+fn plain_set(attempt: &Attempt<'_>) -> Option<Call> {
+    let [key] = attempt.keys else {
+        return None;
+    };
+    if attempt.fencing {
+        return None;
+    }
+    let mut set = redis::cmd("SET");
+    set.arg(key)
+        .arg(attempt.value)
+        .arg("NX")
+        .arg("PX")
+        .arg(attempt.ttl_ms);
+    Some(Call::command(set))
+}
+
+/// A plain `SET NX`'s answer: taken, or (`HeldElsewhere`) the key was set already.
+fn parse_set(reply: Value) -> Result<Acquired> {
+    match reply {
+        Value::Okay => Ok(Acquired::Yes {
+            fences: Vec::new(),
+            fresh: true,
+        }),
+        Value::Nil => Ok(Acquired::HeldElsewhere),
+        _ => Err(Error::Redis(RedisError::from((
+            ErrorKind::UnexpectedReturnType,
+            "SET NX answered neither OK nor nil",
+        )))),
     }
 }
 

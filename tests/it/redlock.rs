@@ -663,8 +663,8 @@ fn a_release_still_on_its_way_to_the_other_nodes_is_caught_up_with_quickly() {
     drop(held);
 }
 
-/// URLs for a user `locker` made on every server, allowed everything but running scripts
-/// on the servers `refusing` (which answer the lock's scripts NOPERM).
+/// URLs for a user `locker` made on every server, allowed everything but the lock's
+/// commands (SET and the scripts) on the servers `refusing`, which answer them NOPERM.
 fn urls_as_user(servers: &[RedisServer], refusing: &[usize]) -> Vec<String> {
     servers
         .iter()
@@ -673,7 +673,7 @@ fn urls_as_user(servers: &[RedisServer], refusing: &[usize]) -> Vec<String> {
             let mut rules = vec!["ACL", "SETUSER", "locker", "on", ">secret", "~*", "&*"];
             rules.push("+@all");
             if refusing.contains(&i) {
-                rules.extend(["-evalsha", "-eval"]);
+                rules.extend(["-set", "-evalsha", "-eval"]);
             }
             server.query::<()>(&rules);
             server.url().replace("redis://", "redis://locker:secret@")
@@ -801,10 +801,10 @@ fn a_release_reaches_a_node_left_out_after_a_failure() {
     let guard = locker
         .lock_with(&["k"], LockOptions::default().auto_refresh(false))
         .unwrap();
-    // Node 0 refuses scripts for a while, is left out, and is then well again.
-    let _: () = servers[0].query(&["ACL", "SETUSER", "locker", "-evalsha", "-eval"]);
+    // Node 0 refuses the lock's commands for a while, is left out, and is then well again.
+    let _: () = servers[0].query(&["ACL", "SETUSER", "locker", "-set", "-evalsha", "-eval"]);
     refused_long_enough(&locker, &servers[0]);
-    let _: () = servers[0].query(&["ACL", "SETUSER", "locker", "+evalsha", "+eval"]);
+    let _: () = servers[0].query(&["ACL", "SETUSER", "locker", "+set", "+evalsha", "+eval"]);
     guard.release().unwrap();
     // (Its reply may come after the release returned; its TTL is 30 s.)
     eventually(
@@ -837,4 +837,50 @@ fn a_lock_won_without_a_late_node_keeps_what_that_node_takes() {
     eventually(Duration::from_secs(1), "released everywhere", || {
         values(&servers, "k") == vec![None; 5]
     });
+}
+
+/// How many times the server ran `command` (INFO commandstats).
+fn calls(server: &RedisServer, command: &str) -> u64 {
+    let info: String = server.query(&["INFO", "commandstats"]);
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|line| line.strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().expect("a number of calls"))
+}
+
+#[test]
+fn one_free_key_is_taken_with_a_plain_set_and_a_set_one_asks_the_script() {
+    let servers = five();
+    let urls = urls(&servers);
+    let (one, two) = (redlock(&urls), redlock(&urls));
+    drop(one.lock(&["warm"]).unwrap()); // scripts loaded
+    let count = |command: &str| -> Vec<u64> { servers.iter().map(|s| calls(s, command)).collect() };
+    let (sets, scripts) = (count("set"), count("evalsha"));
+    let held = one.lock(&["k"]).unwrap();
+    let more = |now: Vec<u64>, before: &[u64]| -> Vec<u64> {
+        now.iter()
+            .zip(before)
+            .map(|(now, before)| now - before)
+            .collect()
+    };
+    assert_eq!(more(count("set"), &sets), [1; 5]);
+    assert_eq!(more(count("evalsha"), &scripts), [0; 5], "no script");
+    // Set on every node: the script tells whose it is.
+    assert!(two.try_lock(&["k"]).unwrap().is_none());
+    assert_eq!(more(count("evalsha"), &scripts), [1; 5]);
+    drop(held);
+    // A list on three nodes: named, though a plain SET only finds the key set.
+    for server in &servers[..3] {
+        let _: u64 = server.query(&["LPUSH", "k", "x"]);
+    }
+    let wrong = two.lock(&["k"]);
+    assert!(
+        matches!(&wrong, Err(Error::WrongType { key, kind }) if key == "k" && kind == "list"),
+        "{wrong:?}"
+    );
+    assert!(
+        values(&servers[3..], "k").iter().all(Option::is_none),
+        "taken back"
+    );
 }
