@@ -712,7 +712,7 @@ fn refused_long_enough(locker: &Locker, refusing: &RedisServer) {
 }
 
 #[test]
-fn servers_refusing_the_scripts_give_their_error_not_not_obtained() {
+fn servers_refusing_the_lock_commands_give_their_error_not_not_obtained() {
     let servers = five();
     let locker = redlock(&urls_as_user(&servers, &[0, 1, 2]));
     // The second time round the refusing nodes are resting: the same error again.
