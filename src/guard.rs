@@ -201,12 +201,13 @@ impl LockGuard {
     /// The compare-and-delete script, announcing the release to every waiter.
     fn release_for_real(&self) -> Result<bool> {
         let subscriber = &self.shared.subscriber;
-        subscriber.released(&self.held.keys);
-        self.shared.backend.release(
+        let released = self.shared.backend.release(
             &self.held.keys,
             &self.held.value,
             subscriber.release_channels(),
-        )
+        )?;
+        subscriber.released(&self.held.keys, released.listeners);
+        Ok(released.held)
     }
 }
 

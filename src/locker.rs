@@ -276,7 +276,12 @@ impl Locker {
                     over: None,
                 };
                 match self.shared.backend.acquire(&attempt, set_first)? {
-                    Acquired::Yes { fences, .. } => return held(fences, sent_at),
+                    Acquired::Yes { fences, .. } => {
+                        if let Some(ticket) = &mut ticket {
+                            ticket.got_lock();
+                        }
+                        return held(fences, sent_at);
+                    }
                     Acquired::WrongType { key, kind } => {
                         // Name a lock key as the caller did; a fencing counter by its Redis
                         // name.
@@ -316,7 +321,10 @@ impl Locker {
             let ticket =
                 ticket.get_or_insert_with(|| subscriber.wait_for(Arc::clone(&offer), before));
             match ticket.wait_until(until) {
-                Wake::Handed { fences, sent_at } => return held(fences, sent_at),
+                Wake::Handed { fences, sent_at } => {
+                    ticket.got_lock();
+                    return held(fences, sent_at);
+                }
                 Wake::Released => quick = QUICK_RETRIES,
                 Wake::Turn | Wake::Timeout => {}
             }

@@ -16,8 +16,7 @@ use redis::{ConnectionLike, ErrorKind, RedisError, RedisResult, ServerErrorKind,
 
 use super::fence::fence_key;
 use super::masters::Masters;
-use super::outcome::Acquired;
-use super::outcome::Refreshed;
+use super::outcome::{Acquired, Refreshed, Released};
 use super::pool::Bounds;
 use super::scripts::{self, Attempt, Refresh};
 use super::slot::{by_slot, slot};
@@ -280,14 +279,20 @@ impl ClusterPool {
     /// Releases every slot's part, [`per_master`](Self::per_master): what a frozen
     /// master's other slots hold is not asked for, and expires with its TTL. `false` when
     /// some part was no longer held; the first error when a part could not be released.
-    pub(crate) fn release(&self, keys: &[String], value: &str, channels: &str) -> Result<bool> {
-        let mut released = true;
+    pub(crate) fn release(&self, keys: &[String], value: &str, channels: &str) -> Result<Released> {
+        let mut released = Released {
+            held: true,
+            listeners: 0,
+        };
         let mut failure = None;
         let release =
             |keys: &Vec<String>| self.run(|con| scripts::release(con, keys, value, channels));
         for (_, outcome) in self.per_master(by_slot(keys), release) {
             match outcome {
-                Ok(held) => released &= held,
+                Ok(part) => {
+                    released.held &= part.held;
+                    released.listeners = released.listeners.max(part.listeners);
+                }
                 // The first: later ones may just be skipped parts.
                 Err(e) => {
                     failure.get_or_insert(e);

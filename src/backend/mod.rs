@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub(crate) use cluster::ClusterPool;
-pub(crate) use outcome::{Acquired, Refreshed};
+pub(crate) use outcome::{Acquired, Refreshed, Released};
 pub use pool::SocketTimeouts;
 pub(crate) use pool::{Bounds, Pool};
 pub(crate) use quorum::Quorum;
@@ -142,12 +142,14 @@ impl Backend {
     }
 
     /// Deletes the keys if they hold `value`; `false` when the lock was not held.
-    pub(crate) fn release(&self, keys: &[String], value: &str, channels: &str) -> Result<bool> {
+    pub(crate) fn release(&self, keys: &[String], value: &str, channels: &str) -> Result<Released> {
         match self {
             // Repeated only when the connection was found closed: should the server have run
             // the first one after all, the second reports the lock lost (never the reverse).
             Backend::Single(pool) => pool.run(|con| scripts::release(con, keys, value, channels)),
-            Backend::Quorum(quorum) => quorum.release(keys, value, channels),
+            Backend::Quorum(quorum) => quorum
+                .release(keys, value, channels)
+                .map(|held| Released { held, listeners: 0 }),
             Backend::Cluster(cluster, _) => cluster.release(keys, value, channels),
         }
     }

@@ -34,3 +34,12 @@ pub(crate) enum Refreshed {
     /// not stop the others).
     Unknown,
 }
+
+/// What a release found: whether every key still held the lock (all are deleted now),
+/// and how many listeners the most-heard announcement of a freed key reached (0 where not
+/// counted: on a quorum, or with nothing announced).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Released {
+    pub(crate) held: bool,
+    pub(crate) listeners: u64,
+}

@@ -268,7 +268,7 @@ impl Quorum {
     pub(crate) fn release(&self, keys: &[String], value: &str, channels: &str) -> Result<bool> {
         let release = scripts::release_call(keys, value, channels);
         let (answers, silent) = self.answers(&release, Ask::Every, |reply| {
-            Ok(scripts::parse_released(reply)?)
+            Ok(scripts::parse_released(reply)?.held)
         })?;
         let held = answers.into_iter().filter(|&held| held).count();
         self.count(held, silent)

@@ -14,7 +14,7 @@ use redis::{
 };
 
 use super::fence::fence_key;
-use super::outcome::Acquired;
+use super::outcome::{Acquired, Released};
 
 /// A script of `lua/`: its text, and the SHA1 that EVALSHA names it by.
 struct Lua {
@@ -272,20 +272,25 @@ pub(crate) fn parse_refreshed(reply: Value, len: usize) -> RedisResult<Vec<bool>
 }
 
 /// Deletes those of `keys` that still hold `value`, and announces each free key on
-/// `channels` + key (nothing is announced when `channels` is empty); `false` when some key
-/// no longer held `value`.
+/// `channels` + key (nothing is announced when `channels` is empty); not `held` when some
+/// key no longer held `value`.
 pub(crate) fn release(
     con: &mut dyn ConnectionLike,
     keys: &[String],
     value: &str,
     channels: &str,
-) -> RedisResult<bool> {
+) -> RedisResult<Released> {
     parse_released(release_call(keys, value, channels).run(con)?)
 }
 
-/// The release script's answer: whether the lock was held (and is now deleted).
-pub(crate) fn parse_released(reply: Value) -> RedisResult<bool> {
-    Ok(redis::from_redis_value(reply)?)
+/// The release script's answer: whether the lock was held (and is now deleted), in the
+/// lowest bit; above it, how many listeners the most-heard announcement reached.
+pub(crate) fn parse_released(reply: Value) -> RedisResult<Released> {
+    let n: u64 = redis::from_redis_value(reply)?;
+    Ok(Released {
+        held: n & 1 == 1,
+        listeners: n >> 1,
+    })
 }
 
 pub(crate) fn release_call(keys: &[String], value: &str, channels: &str) -> Call {

@@ -76,8 +76,8 @@ pub(crate) struct Ticket<'a> {
     /// Registered with the subscriber thread (not when there is no connection for it).
     watched: bool,
     seen: Seen,
-    /// First in line at the last look: becoming first ends a wait.
-    first: bool,
+    /// Set once the waiter holds the lock: leaving then lets the next one sleep on.
+    got_lock: bool,
 }
 
 /// Why a wait ended.
@@ -87,8 +87,8 @@ pub(crate) enum Wake {
     Released,
     /// The lock was handed over by a releasing guard of this locker: it is held.
     Handed { fences: Vec<u64>, sent_at: Instant },
-    /// Attempt now: the waiter just became first in line, the subscription to its keys
-    /// was (re)confirmed, or a hand-over was declined.
+    /// Attempt now: the waiter became first in line as the one ahead gave up, the
+    /// subscription to its keys was (re)confirmed, or a hand-over was declined.
     Turn,
     /// The wait ran out.
     Timeout,
@@ -107,7 +107,6 @@ impl<'a> Ticket<'a> {
         let keys = offer.keys.clone();
         let mut state = board.state.lock();
         let (id, wake) = state.lines.join(offer);
-        let first = state.lines.is_first(id);
         drop(state);
         let new_keys = watch && board.register(&keys);
         let ticket = Ticket {
@@ -117,7 +116,7 @@ impl<'a> Ticket<'a> {
             keys,
             watched: watch,
             seen,
-            first,
+            got_lock: false,
         };
         (ticket, new_keys)
     }
@@ -151,15 +150,18 @@ impl<'a> Ticket<'a> {
                 self.wake.wait_for(&mut state, Duration::from_millis(100));
                 continue;
             }
-            let first = state.lines.is_first(self.id);
-            if first && !self.first {
-                self.first = true;
+            if state.lines.take_turn(self.id) {
                 break Wake::Turn;
             }
-            self.first = first;
-            if first {
+            if state.lines.is_first(self.id) {
                 let now = state.observe(&self.keys);
                 if now.released != self.seen.released {
+                    // Others first, for a moment, after this locker's own real release.
+                    if let Some(at) = state.lines.head_start(self.id) {
+                        while Instant::now() < at {
+                            self.wake.wait_until(&mut state, at);
+                        }
+                    }
                     break Wake::Released;
                 }
                 if now.all_subscribed && now.subscribed_at != self.seen.subscribed_at {
@@ -183,9 +185,16 @@ impl<'a> Ticket<'a> {
     }
 }
 
+impl Ticket<'_> {
+    /// The waiter holds the lock now (handed over, or by its own attempt).
+    pub(crate) fn got_lock(&mut self) {
+        self.got_lock = true;
+    }
+}
+
 impl Drop for Ticket<'_> {
     fn drop(&mut self) {
-        self.board.state.lock().lines.leave(self.id);
+        self.board.state.lock().lines.leave(self.id, self.got_lock);
         if self.watched {
             self.board.unregister(&self.keys);
         }
@@ -277,6 +286,11 @@ impl Board {
 }
 
 impl State {
+    /// Whether the thread is subscribed to `key`'s channel.
+    pub(super) fn is_subscribed(&self, key: &str) -> bool {
+        self.keys.get(key).is_some_and(|watch| watch.subscribed)
+    }
+
     /// The newest release and confirmed subscription of `keys` so far, and whether all of
     /// them are subscribed now. Any new event on one of them changes what this returns.
     pub(super) fn observe(&self, keys: &[String]) -> Seen {

@@ -13,12 +13,17 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Condvar;
 
-/// A hand-over streak ends after this many in a row, or after [`STREAK_TIME`]: the next
-/// release of those keys is a real one, published, so that waiters in other processes
-/// (which no hand-over reaches) get their chance.
+/// A streak of hand-overs ends after this many in a row while others listen for the
+/// keys' releases (other lockers, as the last real release's announcement counted them),
+/// or after [`STREAK_TIME`] in any case: the next release of those keys is a real one,
+/// announced, so that waiters elsewhere (which no hand-over reaches) get their chance.
 pub(crate) const STREAK_HANDOVERS: u32 = 4;
-/// See [`STREAK_HANDOVERS`].
+/// See [`STREAK_HANDOVERS`]: the bound for waiters elsewhere that do not listen.
 pub(crate) const STREAK_TIME: Duration = Duration::from_millis(10);
+/// After a real release that others heard, how long this locker's first in line waits
+/// before it attempts: the others hear of it later than it does (one more hop), and would
+/// otherwise lose nearly every race.
+pub(crate) const HEAD_START: Duration = Duration::from_micros(250);
 
 /// What a releasing guard needs to take the keys for a waiter: the waiter's own value and
 /// TTL, in the waiter's key order.
@@ -49,7 +54,8 @@ pub(super) struct Lines {
     /// Per key, the waiters in arrival order.
     lines: HashMap<String, VecDeque<u64>>,
     places: HashMap<u64, Place>,
-    /// Hand-overs in a row per set of keys (sorted), since the last real release.
+    /// Hand-overs in a row per set of keys (sorted) that has waiters, since the last real
+    /// release.
     streaks: HashMap<Vec<String>, Streak>,
 }
 
@@ -61,6 +67,8 @@ struct Place {
     offer: Arc<Offer>,
     /// Asleep in a wait (not in the middle of an attempt of its own).
     asleep: bool,
+    /// First in line since a waiter ahead of it left without the lock: attempt now.
+    turn: bool,
     claim: Claim,
 }
 
@@ -75,6 +83,27 @@ enum Claim {
 struct Streak {
     count: u32,
     since: Instant,
+    /// Whether the last real release reached listeners other than this locker (until
+    /// one is seen: assumed).
+    others: bool,
+    /// Until then, after a real release that others heard, this locker does not attempt.
+    head_start: Option<Instant>,
+}
+
+impl Streak {
+    fn new(others: bool) -> Streak {
+        let now = Instant::now();
+        Streak {
+            count: 0,
+            since: now,
+            others,
+            head_start: others.then(|| now + HEAD_START),
+        }
+    }
+
+    fn is_over(&self) -> bool {
+        (self.others && self.count >= STREAK_HANDOVERS) || self.since.elapsed() >= STREAK_TIME
+    }
 }
 
 impl Lines {
@@ -96,28 +125,64 @@ impl Lines {
             wake: Arc::clone(&wake),
             offer,
             asleep: false,
+            turn: false,
             claim: Claim::Free,
         };
         self.places.insert(id, place);
         (id, wake)
     }
 
-    /// Takes a waiter out of every line, and wakes whoever is first now.
-    pub(super) fn leave(&mut self, id: u64) {
+    /// Takes a waiter out of every line. Whoever is first now is woken to attempt when
+    /// the one that left did not get the lock (it gave up); when it got the lock, the next
+    /// stays asleep, to be handed it, or woken by its release.
+    pub(super) fn leave(&mut self, id: u64, with_lock: bool) {
         let Some(place) = self.places.remove(&id) else {
             return;
         };
+        if !self.any_waiting_but(&place.keys, id) {
+            self.streaks.remove(&place.sorted);
+        }
         for key in &place.keys {
-            if let Some(line) = self.lines.get_mut(key) {
-                let was_first = line.front() == Some(&id);
-                line.retain(|&other| other != id);
-                if line.is_empty() {
+            let Some(line) = self.lines.get_mut(key) else {
+                continue;
+            };
+            let was_first = line.front() == Some(&id);
+            line.retain(|&other| other != id);
+            match line.front() {
+                None => {
                     self.lines.remove(key);
-                } else if was_first {
+                }
+                Some(&next) if was_first && !with_lock => {
+                    if let Some(place) = self.places.get_mut(&next) {
+                        place.turn = true;
+                    }
                     self.wake_front(key);
                 }
+                Some(_) => {}
             }
         }
+    }
+
+    /// Until when the waiter leaves others the first attempt after a real release.
+    pub(super) fn head_start(&self, id: u64) -> Option<Instant> {
+        let place = self.places.get(&id)?;
+        self.streaks.get(&place.sorted)?.head_start
+    }
+
+    /// Whether the waiter became first in line since a waiter ahead of it gave up (once).
+    pub(super) fn take_turn(&mut self, id: u64) -> bool {
+        self.places
+            .get_mut(&id)
+            .is_some_and(|place| std::mem::take(&mut place.turn))
+    }
+
+    /// Whether a waiter other than `id` is in line for one of `keys`.
+    fn any_waiting_but(&self, keys: &[String], id: u64) -> bool {
+        keys.iter().any(|key| {
+            self.lines
+                .get(key)
+                .is_some_and(|line| line.iter().any(|&other| other != id))
+        })
     }
 
     /// Whether any waiter is in line for one of `keys`.
@@ -170,9 +235,7 @@ impl Lines {
         if place.sorted != sorted || !place.asleep || place.claim != Claim::Free {
             return None;
         }
-        if let Some(streak) = self.streaks.get(&sorted)
-            && (streak.count >= STREAK_HANDOVERS || streak.since.elapsed() >= STREAK_TIME)
-        {
+        if self.streaks.get(&sorted).is_some_and(Streak::is_over) {
             self.streaks.remove(&sorted);
             return None;
         }
@@ -192,21 +255,21 @@ impl Lines {
             let streak = self
                 .streaks
                 .entry(place.sorted.clone())
-                .or_insert_with(|| Streak {
-                    count: 0,
-                    since: Instant::now(),
-                });
+                .or_insert_with(|| Streak::new(true));
             streak.count += 1;
         }
         place.claim = Claim::Ended(handover);
         place.wake.notify_one();
     }
 
-    /// A real release of `keys`: their streak of hand-overs is over.
-    pub(super) fn released_for_real(&mut self, keys: &[String]) {
-        if !self.streaks.is_empty() {
-            let mut sorted = keys.to_vec();
-            sorted.sort_unstable();
+    /// A real release of `keys`, whose announcement reached `others` (listeners other than
+    /// this locker): a new streak of hand-overs starts, bounded as they say.
+    pub(super) fn released_for_real(&mut self, keys: &[String], others: bool) {
+        let mut sorted = keys.to_vec();
+        sorted.sort_unstable();
+        if self.any_waiting(keys) {
+            self.streaks.insert(sorted, Streak::new(others));
+        } else {
             self.streaks.remove(&sorted);
         }
     }
@@ -256,9 +319,9 @@ mod tests {
         let (a, _) = lines.join(offer(&["k"]));
         let (b, _) = lines.join(offer(&["k"]));
         assert!(lines.is_first(a) && !lines.is_first(b));
-        lines.leave(a);
+        lines.leave(a, false);
         assert!(lines.is_first(b));
-        lines.leave(b);
+        lines.leave(b, false);
         assert!(!lines.any_waiting(&keys(&["k"])));
     }
 
@@ -270,9 +333,9 @@ mod tests {
         let (ca, _) = lines.join(offer(&["c", "a"]));
         assert!(lines.is_first(ab));
         assert!(!lines.is_first(bc) && !lines.is_first(ca));
-        lines.leave(ab);
+        lines.leave(ab, false);
         assert!(lines.is_first(bc) && !lines.is_first(ca));
-        lines.leave(bc);
+        lines.leave(bc, false);
         assert!(lines.is_first(ca));
     }
 
@@ -293,11 +356,11 @@ mod tests {
     }
 
     #[test]
-    fn a_streak_of_hand_overs_ends_in_a_real_release() {
+    fn a_streak_of_hand_overs_ends_in_a_real_release_when_others_listen() {
         let mut lines = Lines::default();
         let k = keys(&["k"]);
+        let (mut w, _) = lines.join(offer(&["k"]));
         for _ in 0..STREAK_HANDOVERS {
-            let (w, _) = lines.join(offer(&["k"]));
             lines.set_asleep(w, true);
             let (id, _) = lines.claim(&k).unwrap();
             let done = Handover::Done {
@@ -305,11 +368,33 @@ mod tests {
                 sent_at: Instant::now(),
             };
             lines.end_claim(id, done);
-            lines.leave(id);
+            // The next waiter is in line before this one leaves with the lock.
+            let (next, _) = lines.join(offer(&["k"]));
+            lines.leave(id, true);
+            w = next;
         }
-        let (w, _) = lines.join(offer(&["k"]));
         lines.set_asleep(w, true);
         assert!(lines.claim(&k).is_none(), "the streak is over");
         assert!(lines.claim(&k).is_some(), "and starts again");
+    }
+
+    #[test]
+    fn with_no_one_else_listening_only_time_ends_a_streak() {
+        let mut lines = Lines::default();
+        let k = keys(&["k"]);
+        let (w, _) = lines.join(offer(&["k"]));
+        lines.set_asleep(w, true);
+        lines.released_for_real(&k, false);
+        for _ in 0..10 * STREAK_HANDOVERS {
+            let (id, _) = lines.claim(&k).expect("no count bound");
+            let done = Handover::Done {
+                fences: Vec::new(),
+                sent_at: Instant::now(),
+            };
+            lines.end_claim(id, done);
+            assert!(lines.take_handover(id).is_some());
+        }
+        std::thread::sleep(STREAK_TIME);
+        assert!(lines.claim(&k).is_none(), "the time bound");
     }
 }

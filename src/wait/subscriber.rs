@@ -83,9 +83,13 @@ impl Subscriber {
         })
     }
 
-    /// A release that was not a hand-over: the streak of hand-overs of `keys` is over.
-    pub(crate) fn released(&self, keys: &[String]) {
-        self.board.state.lock().lines.released_for_real(keys);
+    /// A release of `keys` that was not a hand-over, whose announcement reached
+    /// `listeners` subscribers (the most of any key): whether some were not this locker's
+    /// own bounds the next streak of hand-overs.
+    pub(crate) fn released(&self, keys: &[String], listeners: u64) {
+        let mut state = self.board.state.lock();
+        let ours = u64::from(keys.iter().any(|key| state.is_subscribed(key)));
+        state.lines.released_for_real(keys, listeners > ours);
     }
 
     /// What a waiter has seen so far of `keys` (nothing for keys no one watches yet).
