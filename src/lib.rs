@@ -100,9 +100,10 @@
 //!   with their TTL.
 //! - Two guards with the same fixed token *and* metadata are one lock to Redis: releasing
 //!   either releases both.
-//! - Waiting is not fair: every waiter of a released key retries at once, and the thread
-//!   that released may take the lock straight back (about a quarter of the time in the
-//!   contended benchmark). No thread starved there, but nothing guarantees order.
+//! - Order is kept only inside one locker: its threads are served in arrival order (see
+//!   [semantics](guide::semantics)), but between lockers (other processes) the first to
+//!   attempt after a release wins. Hand-overs within a locker are bounded so that other
+//!   lockers are not starved; no order between them is guaranteed.
 //!
 //! # Features
 //! - `tls`: `rediss://` URLs, through rustls with ring (no OpenSSL); see
