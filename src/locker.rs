@@ -225,18 +225,6 @@ impl Locker {
             fencing: options.fencing,
             fixed_token,
         });
-        let held = |fences: Vec<u64>, sent_at: Instant| {
-            let timing = Timing::new(ttl_ms, sent_at);
-            let held = Held::new(
-                offer.keys.clone(),
-                offer.value.clone(),
-                token_at.clone(),
-                fences,
-                timing,
-            );
-            let held = held.named(names.clone());
-            LockGuard::new(Arc::clone(&self.shared), held, options.auto_refresh)
-        };
         let keys = &offer.keys;
         // In line once an attempt found the keys held; at once, without an attempt, behind
         // threads of this locker already waiting for one of them.
@@ -249,7 +237,7 @@ impl Locker {
         // Quick attempts left since a release was last heard.
         let mut quick = 0;
 
-        loop {
+        let (fences, sent_at) = loop {
             let mut partial = false;
             // Only the first in line talks to Redis; the others wait their turn.
             let first = ticket.as_ref().is_none_or(Ticket::is_first);
@@ -280,7 +268,7 @@ impl Locker {
                         if let Some(ticket) = &mut ticket {
                             ticket.got_lock();
                         }
-                        return held(fences, sent_at);
+                        break (fences, sent_at);
                     }
                     Acquired::WrongType { key, kind } => {
                         // Name a lock key as the caller did; a fencing counter by its Redis
@@ -323,12 +311,25 @@ impl Locker {
             match ticket.wait_until(until) {
                 Wake::Handed { fences, sent_at } => {
                     ticket.got_lock();
-                    return held(fences, sent_at);
+                    break (fences, sent_at);
                 }
                 Wake::Released => quick = QUICK_RETRIES,
                 Wake::Turn | Wake::Timeout => {}
             }
-        }
+        };
+        // Out of line first: the offer is then this thread's alone, and moves into the guard.
+        drop(ticket);
+        let Offer { keys, value, .. } = Arc::try_unwrap(offer).unwrap_or_else(|shared| Offer {
+            keys: shared.keys.clone(),
+            value: shared.value.clone(),
+            ..*shared
+        });
+        let held = Held::new(keys, value, token_at, fences, Timing::new(ttl_ms, sent_at));
+        LockGuard::new(
+            Arc::clone(&self.shared),
+            held.named(names),
+            options.auto_refresh,
+        )
     }
 }
 

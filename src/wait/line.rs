@@ -265,6 +265,9 @@ impl Lines {
     /// A real release of `keys`, whose announcement reached `others` (listeners other than
     /// this locker): a new streak of hand-overs starts, bounded as they say.
     pub(super) fn released_for_real(&mut self, keys: &[String], others: bool) {
+        if self.streaks.is_empty() && !self.any_waiting(keys) {
+            return; // the usual case: nothing to note
+        }
         let mut sorted = keys.to_vec();
         sorted.sort_unstable();
         if self.any_waiting(keys) {

@@ -49,7 +49,8 @@ impl Subscriber {
 
     /// Whether this locker has threads waiting for `key` (so it is most likely held).
     pub(crate) fn is_watched(&self, key: &str) -> bool {
-        self.board.is_watched(key)
+        // A watched key has a waiter in line.
+        self.anyone_waiting() && self.board.is_watched(key)
     }
 
     /// Puts a waiter in line for `offer.keys`, who noted `before` of them before its last
@@ -68,12 +69,20 @@ impl Subscriber {
     /// Whether threads of this locker wait in line for one of `keys`: a newcomer then
     /// gets in line behind them without an attempt of its own.
     pub(crate) fn queued(&self, keys: &[String]) -> bool {
-        self.board.state.lock().lines.any_waiting(keys)
+        self.anyone_waiting() && self.board.state.lock().lines.any_waiting(keys)
+    }
+
+    /// Whether any thread of this locker waits in line (without taking the mutex).
+    fn anyone_waiting(&self) -> bool {
+        self.board.waiting.load(Ordering::SeqCst) > 0
     }
 
     /// For a guard about to release `keys`: the waiter of this locker to hand the lock to
     /// instead, if there is one (see [`Claim`]).
     pub(crate) fn claim(&self, keys: &[String]) -> Option<Claim<'_>> {
+        if !self.anyone_waiting() {
+            return None;
+        }
         let (id, offer) = self.board.state.lock().lines.claim(keys)?;
         Some(Claim {
             board: &self.board,
@@ -87,8 +96,11 @@ impl Subscriber {
     /// `listeners` subscribers (the most of any key): whether some were not this locker's
     /// own bounds the next streak of hand-overs.
     pub(crate) fn released(&self, keys: &[String], listeners: u64) {
+        if !self.anyone_waiting() {
+            return; // no line, so no streak to bound
+        }
         let mut state = self.board.state.lock();
-        let ours = u64::from(keys.iter().any(|key| state.is_subscribed(key)));
+        let ours = u64::from(listeners > 0 && keys.iter().any(|key| state.is_subscribed(key)));
         state.lines.released_for_real(keys, listeners > ours);
     }
 
