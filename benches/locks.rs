@@ -10,6 +10,9 @@
 //!
 //! Every figure is measured in the same run as its floor, in alternating rounds, and
 //! reported as a ratio (this is a noisy 2-core machine: absolute numbers drift).
+//!
+//! (Over 400 lines: one binary prints one report, workload after workload; W3 lives in
+//! `contention.rs`.)
 
 use std::sync::Barrier;
 use std::sync::atomic::{AtomicU64, Ordering};
