@@ -227,7 +227,7 @@ impl Locker {
         });
         let keys = &offer.keys;
         // In line once an attempt found the keys held; at once, without an attempt, behind
-        // threads of this locker already waiting for one of them.
+        // threads of this locker already waiting for the same keys.
         let mut ticket: Option<Ticket<'_>> = subscriber
             .queued(keys)
             .then(|| subscriber.wait_for(Arc::clone(&offer), Seen::default()));

@@ -1,11 +1,14 @@
-//! The in-process queue: threads of one locker that wait for a key wait in line, in arrival
-//! order. Only a waiter first in line on every one of its keys talks to Redis; the others
-//! sleep on a wake-up of their own until they are first. A release by the same locker may
-//! hand the lock straight to the first in line (see [`Lines::claim`]).
+//! The in-process queue: threads of one locker that wait for the same keys wait in line,
+//! in arrival order. Only the first in line talks to Redis; the others sleep on a wake-up
+//! of their own until they are first. A release by the same locker may hand the lock
+//! straight to the first in line (see [`Lines::claim`]).
 //!
-//! Arrival order is one order for all keys, so multi-key waiters cannot wait for each
-//! other in a circle: the earliest waiter of any set of overlapping ones is first on
-//! all of its keys.
+//! A line is for one set of keys, exactly: waiters for overlapping but different sets
+//! (`[a]` and `[a, b]`) are in different lines and meet in Redis, as waiters of different
+//! lockers do. A line per key would make a waiter for `[a, b]` hold `a` back from a
+//! thread that already holds `b` and asks for `a`: both would wait for ever. Waiters for
+//! the same keys never need anything from each other but those keys, so their line adds
+//! no wait that was not there.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -51,17 +54,19 @@ pub(crate) enum Handover {
 #[derive(Default)]
 pub(super) struct Lines {
     next_id: u64,
-    /// Per key, the waiters in arrival order.
-    lines: HashMap<String, VecDeque<u64>>,
+    /// Per set of keys (sorted), the waiters for exactly that set, in arrival order.
+    lines: HashMap<Vec<String>, VecDeque<u64>>,
+    /// Per key, the sets with a line that contain it: whom a release of it concerns.
+    sets: HashMap<String, Vec<Vec<String>>>,
     places: HashMap<u64, Place>,
-    /// Hand-overs in a row per set of keys (sorted) that has waiters, since the last real
-    /// release.
+    /// Hand-overs in a row per set of keys (sorted), since the last real release (which
+    /// forgets it when no one waits for the set any more).
     streaks: HashMap<Vec<String>, Streak>,
 }
 
 struct Place {
-    keys: Vec<String>,
-    /// The keys sorted: a lock is handed over only to a waiter for exactly its keys.
+    /// The keys sorted: the line's name (a lock is handed over only to a waiter for
+    /// exactly its keys).
     sorted: Vec<String>,
     wake: Arc<Condvar>,
     offer: Arc<Offer>,
@@ -107,20 +112,24 @@ impl Streak {
 }
 
 impl Lines {
-    /// Puts a waiter at the back of the line of each of its keys; its id, and the
-    /// wake-up it sleeps on.
+    /// Puts a waiter at the back of the line for its keys; its id, and the wake-up it
+    /// sleeps on.
     pub(super) fn join(&mut self, offer: Arc<Offer>) -> (u64, Arc<Condvar>) {
         let id = self.next_id;
         self.next_id += 1;
-        let keys = offer.keys.clone();
-        for key in &keys {
-            self.lines.entry(key.clone()).or_default().push_back(id);
+        let sorted = sorted(&offer.keys);
+        let line = self.lines.entry(sorted.clone()).or_default();
+        if line.is_empty() {
+            for key in &sorted {
+                self.sets
+                    .entry(key.clone())
+                    .or_default()
+                    .push(sorted.clone());
+            }
         }
-        let mut sorted = keys.clone();
-        sorted.sort_unstable();
+        line.push_back(id);
         let wake = Arc::new(Condvar::new());
         let place = Place {
-            keys,
             sorted,
             wake: Arc::clone(&wake),
             offer,
@@ -132,34 +141,37 @@ impl Lines {
         (id, wake)
     }
 
-    /// Takes a waiter out of every line. Whoever is first now is woken to attempt when
-    /// the one that left did not get the lock (it gave up); when it got the lock, the next
+    /// Takes a waiter out of its line. Whoever is first now is woken to attempt when the
+    /// one that left did not get the lock (it gave up); when it got the lock, the next
     /// stays asleep, to be handed it, or woken by its release.
     pub(super) fn leave(&mut self, id: u64, with_lock: bool) {
         let Some(place) = self.places.remove(&id) else {
             return;
         };
-        if !self.any_waiting_but(&place.keys, id) {
-            self.streaks.remove(&place.sorted);
-        }
-        for key in &place.keys {
-            let Some(line) = self.lines.get_mut(key) else {
-                continue;
-            };
-            let was_first = line.front() == Some(&id);
-            line.retain(|&other| other != id);
-            match line.front() {
-                None => {
-                    self.lines.remove(key);
-                }
-                Some(&next) if was_first && !with_lock => {
-                    if let Some(place) = self.places.get_mut(&next) {
-                        place.turn = true;
+        let Some(line) = self.lines.get_mut(&place.sorted) else {
+            return;
+        };
+        let was_first = line.front() == Some(&id);
+        line.retain(|&other| other != id);
+        match line.front() {
+            None => {
+                self.lines.remove(&place.sorted);
+                for key in &place.sorted {
+                    if let Some(sets) = self.sets.get_mut(key) {
+                        sets.retain(|set| *set != place.sorted);
+                        if sets.is_empty() {
+                            self.sets.remove(key);
+                        }
                     }
-                    self.wake_front(key);
                 }
-                Some(_) => {}
             }
+            Some(&next) if was_first && !with_lock => {
+                if let Some(next) = self.places.get_mut(&next) {
+                    next.turn = true;
+                    next.wake.notify_one();
+                }
+            }
+            Some(_) => {}
         }
     }
 
@@ -176,40 +188,30 @@ impl Lines {
             .is_some_and(|place| std::mem::take(&mut place.turn))
     }
 
-    /// Whether a waiter other than `id` is in line for one of `keys`.
-    fn any_waiting_but(&self, keys: &[String], id: u64) -> bool {
-        keys.iter().any(|key| {
-            self.lines
-                .get(key)
-                .is_some_and(|line| line.iter().any(|&other| other != id))
-        })
+    /// Whether any waiter is in line for exactly `keys`.
+    pub(super) fn waiting_for(&self, keys: &[String]) -> bool {
+        self.lines.contains_key(&sorted(keys))
     }
 
-    /// Whether any waiter is in line for one of `keys`.
-    pub(super) fn any_waiting(&self, keys: &[String]) -> bool {
-        keys.iter().any(|key| self.lines.contains_key(key))
-    }
-
-    /// Whether the waiter is first in line on every one of its keys.
+    /// Whether the waiter is first in its line.
     pub(super) fn is_first(&self, id: u64) -> bool {
         self.places.get(&id).is_some_and(|place| {
-            place
-                .keys
-                .iter()
-                .all(|key| self.lines.get(key).and_then(VecDeque::front) == Some(&id))
+            self.lines.get(&place.sorted).and_then(VecDeque::front) == Some(&id)
         })
     }
 
-    /// Wakes the waiter first in line for `key` (a release of it was heard, or its
-    /// subscription confirmed, or it just became first).
+    /// Wakes the first in every line whose keys include `key` (a release of it was heard,
+    /// or its subscription confirmed).
     pub(super) fn wake_front(&self, key: &str) {
-        if let Some(place) = self
-            .lines
-            .get(key)
-            .and_then(VecDeque::front)
-            .and_then(|id| self.places.get(id))
-        {
-            place.wake.notify_one();
+        for set in self.sets.get(key).into_iter().flatten() {
+            if let Some(place) = self
+                .lines
+                .get(set)
+                .and_then(VecDeque::front)
+                .and_then(|id| self.places.get(id))
+            {
+                place.wake.notify_one();
+            }
         }
     }
 
@@ -225,14 +227,10 @@ impl Lines {
     /// [`end_claim`](Self::end_claim). When the streak is over, it is reset, and `None`
     /// makes this release a real one.
     pub(super) fn claim(&mut self, keys: &[String]) -> Option<(u64, Arc<Offer>)> {
-        let id = *self.lines.get(keys.first()?)?.front()?;
-        if !self.is_first(id) {
-            return None;
-        }
-        let mut sorted = keys.to_vec();
-        sorted.sort_unstable();
+        let sorted = sorted(keys);
+        let id = *self.lines.get(&sorted)?.front()?;
         let place = self.places.get(&id)?;
-        if place.sorted != sorted || !place.asleep || place.claim != Claim::Free {
+        if !place.asleep || place.claim != Claim::Free {
             return None;
         }
         if self.streaks.get(&sorted).is_some_and(Streak::is_over) {
@@ -265,12 +263,8 @@ impl Lines {
     /// A real release of `keys`, whose announcement reached `others` (listeners other than
     /// this locker): a new streak of hand-overs starts, bounded as they say.
     pub(super) fn released_for_real(&mut self, keys: &[String], others: bool) {
-        if self.streaks.is_empty() && !self.any_waiting(keys) {
-            return; // the usual case: nothing to note
-        }
-        let mut sorted = keys.to_vec();
-        sorted.sort_unstable();
-        if self.any_waiting(keys) {
+        let sorted = sorted(keys);
+        if self.lines.contains_key(&sorted) {
             self.streaks.insert(sorted, Streak::new(others));
         } else {
             self.streaks.remove(&sorted);
@@ -295,6 +289,13 @@ impl Lines {
             }
         }
     }
+}
+
+/// `keys` sorted: the name of their line.
+fn sorted(keys: &[String]) -> Vec<String> {
+    let mut sorted = keys.to_vec();
+    sorted.sort_unstable();
+    sorted
 }
 
 #[cfg(test)]
@@ -325,21 +326,23 @@ mod tests {
         lines.leave(a, false);
         assert!(lines.is_first(b));
         lines.leave(b, false);
-        assert!(!lines.any_waiting(&keys(&["k"])));
+        assert!(!lines.waiting_for(&keys(&["k"])));
     }
 
     #[test]
-    fn overlapping_multi_key_waiters_never_wait_in_a_circle() {
+    fn waiters_for_other_sets_of_keys_are_not_in_the_same_line() {
         let mut lines = Lines::default();
         let (ab, _) = lines.join(offer(&["a", "b"]));
-        let (bc, _) = lines.join(offer(&["b", "c"]));
-        let (ca, _) = lines.join(offer(&["c", "a"]));
-        assert!(lines.is_first(ab));
-        assert!(!lines.is_first(bc) && !lines.is_first(ca));
+        let (a, _) = lines.join(offer(&["a"]));
+        let (ba, _) = lines.join(offer(&["b", "a"]));
+        // `[a]` is not held back by `[a, b]`: a thread holding `b` may want `a`.
+        assert!(lines.is_first(ab) && lines.is_first(a));
+        assert!(!lines.is_first(ba), "the same set, in any order: one line");
+        assert!(lines.waiting_for(&keys(&["b", "a"])));
+        assert!(!lines.waiting_for(&keys(&["b"])));
         lines.leave(ab, false);
-        assert!(lines.is_first(bc) && !lines.is_first(ca));
-        lines.leave(bc, false);
-        assert!(lines.is_first(ca));
+        assert!(lines.is_first(ba));
+        assert!(lines.take_turn(ba), "the one ahead gave up: attempt now");
     }
 
     #[test]

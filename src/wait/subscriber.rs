@@ -66,10 +66,10 @@ impl Subscriber {
         ticket
     }
 
-    /// Whether threads of this locker wait in line for one of `keys`: a newcomer then
+    /// Whether threads of this locker wait in line for exactly `keys`: a newcomer then
     /// gets in line behind them without an attempt of its own.
     pub(crate) fn queued(&self, keys: &[String]) -> bool {
-        self.anyone_waiting() && self.board.state.lock().lines.any_waiting(keys)
+        self.anyone_waiting() && self.board.state.lock().lines.waiting_for(keys)
     }
 
     /// Whether any thread of this locker waits in line (without taking the mutex).

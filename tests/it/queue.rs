@@ -274,3 +274,63 @@ fn a_thread_of_another_locker_is_served_while_one_locker_passes_the_key_around()
         "the outsider waited {slowest:?}"
     );
 }
+
+#[test]
+fn a_thread_holding_one_key_still_gets_a_free_one_that_a_multi_key_waiter_wants() {
+    let server = RedisServer::start();
+    let locker = locker(&server);
+    let b = locker.lock(&["b"]).unwrap();
+    // Waits for both; holds neither (all or nothing).
+    let both = {
+        let locker = locker.clone();
+        thread::spawn(move || locker.lock(&["a", "b"]).map(drop))
+    };
+    eventually(
+        Duration::from_secs(5),
+        "the multi-key waiter subscribes",
+        || server.subscribers("redguard:released:b") == 1,
+    );
+    // The holder of `b` asks for `a`, which is free: no line of `[a, b]` holds it back.
+    let options = LockOptions::default().timeout(Duration::from_secs(2));
+    let a = locker.lock_with(&["a"], options).unwrap();
+    assert!(locker.try_lock(&["c"]).unwrap().is_some());
+    drop((a, b));
+    both.join().unwrap().unwrap();
+}
+
+#[test]
+fn two_threads_passing_a_key_back_and_forth_do_not_starve_another_locker() {
+    let server = RedisServer::start();
+    let insiders = locker(&server);
+    let outsider = locker(&server);
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = (0..2)
+        .map(|_| {
+            let (locker, stop) = (insiders.clone(), stop.clone());
+            thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    // Held a moment: the other insider is asleep in line at every release.
+                    let guard = locker.lock(&["k"]).unwrap();
+                    thread::sleep(Duration::from_millis(1));
+                    drop(guard);
+                }
+            })
+        })
+        .collect();
+    thread::sleep(Duration::from_millis(100));
+    let mut slowest = Duration::ZERO;
+    for _ in 0..20 {
+        let started = Instant::now();
+        let options = LockOptions::default().timeout(Duration::from_secs(5));
+        drop(outsider.lock_with(&["k"], options).unwrap());
+        slowest = slowest.max(started.elapsed());
+    }
+    stop.store(true, Ordering::Relaxed);
+    for worker in workers {
+        worker.join().unwrap();
+    }
+    assert!(
+        slowest < Duration::from_secs(2),
+        "the outsider waited {slowest:?}"
+    );
+}
