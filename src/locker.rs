@@ -226,11 +226,16 @@ impl Locker {
             fixed_token,
         });
         let keys = &offer.keys;
-        // In line once an attempt found the keys held; at once, without an attempt, behind
-        // threads of this locker already waiting for the same keys.
+        // In line once an attempt found the keys held; at once, without an attempt, while
+        // they pass between threads of this locker by hand-overs (or others have their
+        // head start).
         let mut ticket: Option<Ticket<'_>> = subscriber
-            .queued(keys)
+            .defers(keys)
             .then(|| subscriber.wait_for(Arc::clone(&offer), Seen::default()));
+        // Set when the wait is over (timeout, retries) and this waiter, not first in line,
+        // has not asked Redis since it last waited: one attempt of its own before it gives
+        // up, as the first in line may be asleep for its whole retry delay.
+        let mut last_try = false;
         // The end of the current retry delay: a wake-up before it gives an attempt, not a
         // retry, so `limit` and the backoff keep counting delays served.
         let mut wake_at: Option<Instant> = None;
@@ -240,7 +245,7 @@ impl Locker {
         let (fences, sent_at) = loop {
             let mut partial = false;
             // Only the first in line talks to Redis; the others wait their turn.
-            let first = ticket.as_ref().is_none_or(Ticket::is_first);
+            let first = last_try || ticket.as_ref().is_none_or(Ticket::is_first);
             // What a waiter has seen of the keys, noted before the attempt: a release heard
             // while the attempt is in flight then ends the next wait at once.
             let mut before = Seen::default();
@@ -286,17 +291,19 @@ impl Locker {
                 }
             }
             let now = Instant::now();
-            let mut until = match wake_at {
-                Some(at) if at > now => at,
-                _ => match delays.next() {
-                    Some(delay) => later(now, delay),
-                    None => return Err(Error::NotObtained),
-                },
+            let next = match wake_at {
+                _ if deadline.is_some_and(|deadline| now >= deadline) => None,
+                Some(at) if at > now => Some(at),
+                _ => delays.next().map(|delay| later(now, delay)),
             };
-            if let Some(deadline) = deadline {
-                if now >= deadline {
+            let Some(mut until) = next else {
+                if first {
                     return Err(Error::NotObtained);
                 }
+                last_try = true;
+                continue;
+            };
+            if let Some(deadline) = deadline {
                 // One last attempt at the deadline itself.
                 until = until.min(deadline);
             }

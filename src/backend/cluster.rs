@@ -289,16 +289,16 @@ impl ClusterPool {
             |keys: &Vec<String>| self.run(|con| scripts::release(con, keys, value, channels));
         for (_, outcome) in self.per_master(by_slot(keys), release) {
             match outcome {
-                Ok(part) => {
-                    released.held &= part.held;
-                    released.listeners = released.listeners.max(part.listeners);
-                }
+                Ok(part) => released.held &= part.held,
                 // The first: later ones may just be skipped parts.
                 Err(e) => {
                     failure.get_or_insert(e);
                 }
             }
         }
+        // A PUBLISH counts only the listeners of the node that ran it, which need not be
+        // ours: tell "others may listen" (the hand-over streak's stricter bound).
+        released.listeners = u64::MAX;
         failure.map_or(Ok(released), Err)
     }
 

@@ -36,8 +36,9 @@ pub(crate) enum Refreshed {
 }
 
 /// What a release found: whether every key still held the lock (all are deleted now),
-/// and how many listeners the most-heard announcement of a freed key reached (0 where not
-/// counted: on a quorum, or with nothing announced).
+/// and how many listeners the most-heard announcement of a freed key reached (0 with
+/// nothing announced, or on a quorum, which hands nothing over; `u64::MAX` on a cluster,
+/// where a node counts only its own listeners).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Released {
     pub(crate) held: bool,

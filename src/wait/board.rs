@@ -150,9 +150,10 @@ impl<'a> Ticket<'a> {
                 None => {}
             }
             if state.lines.is_claimed(self.id) {
-                // A releasing guard is handing the lock over: its call is bounded by the
-                // pool's timeouts, and it ends the claim whatever happens.
-                self.wake.wait_for(&mut state, Duration::from_millis(100));
+                // A releasing guard is handing the lock over, and wakes us when it is done:
+                // its call is bounded by the pool's timeouts, and it ends the claim whatever
+                // happens (even past our own deadline: the lock may already be ours).
+                self.wake.wait_for(&mut state, Duration::from_secs(1));
                 continue;
             }
             if state.lines.take_turn(self.id) {
@@ -161,29 +162,24 @@ impl<'a> Ticket<'a> {
             if state.lines.is_first(self.id) {
                 let now = state.observe(&self.keys);
                 if now.released != self.seen.released {
-                    // Others first, for a moment, after this locker's own real release.
-                    if let Some(at) = state.lines.head_start(self.id) {
-                        while Instant::now() < at {
+                    // Others first, for a moment, after this locker's own real release; then
+                    // the checks again (a hand-over may have come meanwhile).
+                    match state.lines.head_start(self.id) {
+                        Some(at) if Instant::now() < at => {
                             self.wake.wait_until(&mut state, at);
+                            continue;
                         }
+                        _ => break Wake::Released,
                     }
-                    break Wake::Released;
                 }
                 if now.all_subscribed && now.subscribed_at != self.seen.subscribed_at {
                     break Wake::Turn;
                 }
             }
-            if self.wake.wait_until(&mut state, until).timed_out()
-                && !state.lines.is_claimed(self.id)
-            {
-                match state.lines.take_handover(self.id) {
-                    Some(Handover::Done { fences, sent_at }) => {
-                        break Wake::Handed { fences, sent_at };
-                    }
-                    Some(Handover::Declined) => break Wake::Turn,
-                    None => break Wake::Timeout,
-                }
+            if Instant::now() >= until {
+                break Wake::Timeout;
             }
+            self.wake.wait_until(&mut state, until);
         };
         state.lines.set_asleep(self.id, false);
         wake

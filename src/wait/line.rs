@@ -23,6 +23,8 @@ use parking_lot::Condvar;
 pub(crate) const STREAK_HANDOVERS: u32 = 4;
 /// See [`STREAK_HANDOVERS`]: the bound for waiters elsewhere that do not listen.
 pub(crate) const STREAK_TIME: Duration = Duration::from_millis(10);
+/// A streak this old is over whatever it counted: forgotten once its line is gone.
+const STALE: Duration = Duration::from_millis(100);
 /// After a real release that others heard, how long this locker's first in line waits
 /// before it attempts: the others hear of it later than it does (one more hop), and would
 /// otherwise lose nearly every race.
@@ -156,6 +158,12 @@ impl Lines {
         match line.front() {
             None => {
                 self.lines.remove(&place.sorted);
+                // Streaks of sets no one has waited for in a while are over anyway: keep
+                // the map from growing with every set of keys ever contended.
+                let lines = &self.lines;
+                self.streaks.retain(|set, streak| {
+                    lines.contains_key(set) || streak.since.elapsed() < STALE
+                });
                 for key in &place.sorted {
                     if let Some(sets) = self.sets.get_mut(key) {
                         sets.retain(|set| *set != place.sorted);
@@ -188,9 +196,16 @@ impl Lines {
             .is_some_and(|place| std::mem::take(&mut place.turn))
     }
 
-    /// Whether any waiter is in line for exactly `keys`.
-    pub(super) fn waiting_for(&self, keys: &[String]) -> bool {
-        self.lines.contains_key(&sorted(keys))
+    /// Whether a newcomer for `keys` gets in line without asking Redis first: while they
+    /// pass between threads of this locker by hand-overs (an attempt could only find them
+    /// held), and during the head start this locker leaves others after a real release.
+    /// Otherwise (the streak over, or never begun) the keys may be free or held elsewhere,
+    /// and the newcomer asks.
+    pub(super) fn defers(&self, keys: &[String]) -> bool {
+        self.streaks.get(&sorted(keys)).is_some_and(|streak| {
+            (streak.count > 0 && !streak.is_over())
+                || streak.head_start.is_some_and(|at| Instant::now() < at)
+        })
     }
 
     /// Whether the waiter is first in its line.
@@ -229,19 +244,16 @@ impl Lines {
     pub(super) fn claim(&mut self, keys: &[String]) -> Option<(u64, Arc<Offer>)> {
         let sorted = sorted(keys);
         let id = *self.lines.get(&sorted)?.front()?;
-        let place = self.places.get(&id)?;
-        if !place.asleep || place.claim != Claim::Free {
-            return None;
-        }
         if self.streaks.get(&sorted).is_some_and(Streak::is_over) {
             self.streaks.remove(&sorted);
             return None;
         }
-        let offer = Arc::clone(&place.offer);
-        if let Some(place) = self.places.get_mut(&id) {
-            place.claim = Claim::Pending;
+        let place = self.places.get_mut(&id)?;
+        if !place.asleep || place.claim != Claim::Free {
+            return None;
         }
-        Some((id, offer))
+        place.claim = Claim::Pending;
+        Some((id, Arc::clone(&place.offer)))
     }
 
     /// Ends a claim, and wakes the waiter to take what it says.
@@ -326,7 +338,7 @@ mod tests {
         lines.leave(a, false);
         assert!(lines.is_first(b));
         lines.leave(b, false);
-        assert!(!lines.waiting_for(&keys(&["k"])));
+        assert!(lines.lines.is_empty());
     }
 
     #[test]
@@ -338,8 +350,7 @@ mod tests {
         // `[a]` is not held back by `[a, b]`: a thread holding `b` may want `a`.
         assert!(lines.is_first(ab) && lines.is_first(a));
         assert!(!lines.is_first(ba), "the same set, in any order: one line");
-        assert!(lines.waiting_for(&keys(&["b", "a"])));
-        assert!(!lines.waiting_for(&keys(&["b"])));
+        assert_eq!(lines.lines.len(), 2, "[a, b] and [a]");
         lines.leave(ab, false);
         assert!(lines.is_first(ba));
         assert!(lines.take_turn(ba), "the one ahead gave up: attempt now");
@@ -382,6 +393,30 @@ mod tests {
         lines.set_asleep(w, true);
         assert!(lines.claim(&k).is_none(), "the streak is over");
         assert!(lines.claim(&k).is_some(), "and starts again");
+    }
+
+    #[test]
+    fn streaks_of_sets_no_one_waits_for_are_forgotten() {
+        let mut lines = Lines::default();
+        for i in 0..100 {
+            let (w, _) = lines.join(offer(&[&format!("k{i}")]));
+            lines.set_asleep(w, true);
+            let (id, _) = lines.claim(&keys(&[&format!("k{i}")])).unwrap();
+            let done = Handover::Done {
+                fences: Vec::new(),
+                sent_at: Instant::now(),
+            };
+            lines.end_claim(id, done);
+            lines.leave(id, true);
+        }
+        std::thread::sleep(STALE);
+        let (w, _) = lines.join(offer(&["last"]));
+        lines.leave(w, false);
+        assert!(
+            lines.streaks.is_empty(),
+            "{} streaks left",
+            lines.streaks.len()
+        );
     }
 
     #[test]

@@ -66,10 +66,11 @@ impl Subscriber {
         ticket
     }
 
-    /// Whether threads of this locker wait in line for exactly `keys`: a newcomer then
-    /// gets in line behind them without an attempt of its own.
-    pub(crate) fn queued(&self, keys: &[String]) -> bool {
-        self.anyone_waiting() && self.board.state.lock().lines.waiting_for(keys)
+    /// Whether a newcomer for `keys` gets in line at once, without an attempt of its own:
+    /// while they pass between threads of this locker by hand-overs, or during the head
+    /// start it leaves other lockers after a real release.
+    pub(crate) fn defers(&self, keys: &[String]) -> bool {
+        self.anyone_waiting() && self.board.state.lock().lines.defers(keys)
     }
 
     /// Whether any thread of this locker waits in line (without taking the mutex).
@@ -100,7 +101,8 @@ impl Subscriber {
             return; // no line, so no streak to bound
         }
         let mut state = self.board.state.lock();
-        let ours = u64::from(listeners > 0 && keys.iter().any(|key| state.is_subscribed(key)));
+        // The count is the most-heard key's: ours is among it only if we listen on all.
+        let ours = u64::from(listeners > 0 && keys.iter().all(|key| state.is_subscribed(key)));
         state.lines.released_for_real(keys, listeners > ours);
     }
 

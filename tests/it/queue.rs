@@ -334,3 +334,53 @@ fn two_threads_passing_a_key_back_and_forth_do_not_starve_another_locker() {
         "the outsider waited {slowest:?}"
     );
 }
+
+/// A holder that is gone: its key expires without a release, so nobody is woken.
+fn forgotten_holder(locker: &redguard::Locker) {
+    let options = LockOptions::default()
+        .ttl(Duration::from_millis(300))
+        .auto_refresh(false);
+    std::mem::forget(locker.lock_with(&["k"], options).unwrap());
+}
+
+/// A waiter asleep in line for its whole (10 s) retry delay.
+fn sleeper(locker: &redguard::Locker, server: &RedisServer) -> thread::JoinHandle<()> {
+    let locker = locker.clone();
+    let waiter = thread::spawn(move || {
+        let patient = LockOptions::default().retry(Retry::linear(Duration::from_secs(10)));
+        drop(locker.lock_with(&["k"], patient).unwrap());
+    });
+    eventually(Duration::from_secs(5), "the sleeper subscribes", || {
+        server.subscribers("redguard:released:k") == 1
+    });
+    waiter
+}
+
+#[test]
+fn try_lock_asks_redis_even_behind_a_sleeping_waiter() {
+    let server = RedisServer::start();
+    let locker = locker(&server);
+    forgotten_holder(&locker);
+    let sleeper = sleeper(&locker, &server);
+    thread::sleep(Duration::from_millis(400)); // the holder's key has expired
+    assert_eq!(server.query::<u32>(&["EXISTS", "k"]), 0);
+    let guard = locker.try_lock(&["k"]).unwrap();
+    assert!(guard.is_some(), "the key is free");
+    drop(guard); // a release: the sleeper is woken
+    sleeper.join().unwrap();
+}
+
+#[test]
+fn a_waiter_behind_a_sleeping_one_attempts_before_its_timeout_ends_it() {
+    let server = RedisServer::start();
+    let locker = locker(&server);
+    forgotten_holder(&locker);
+    let sleeper = sleeper(&locker, &server);
+    // Arrives while the key is held (its attempt fails), then waits behind the sleeper.
+    let options = LockOptions::default().timeout(Duration::from_secs(1));
+    let started = Instant::now();
+    let guard = locker.lock_with(&["k"], options);
+    assert!(guard.is_ok(), "{guard:?} after {:?}", started.elapsed());
+    drop(guard);
+    sleeper.join().unwrap();
+}
