@@ -347,16 +347,7 @@ fn refresher_threads() -> usize {
 #[cfg(target_os = "linux")]
 #[test]
 fn one_refresher_thread_per_locker_gone_with_its_guards() {
-    let output = crate::child_test("refresh::refresher_thread_per_locker_child")
-        .env("REDGUARD_CHILD", "1")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success() && stdout.contains("1 passed"),
-        "child failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    crate::in_child_process("refresh::refresher_thread_per_locker_child");
 }
 
 #[cfg(target_os = "linux")]
