@@ -94,7 +94,7 @@ impl ClusterPool {
         let mut tracked = self.pool.get()?;
         let result = request(&mut tracked.con);
         if let Err(e) = &result
-            && !matches!(e.kind(), ErrorKind::Server(_))
+            && e.code().is_none()
         {
             tracked.broken = true;
         }
@@ -246,7 +246,7 @@ impl ClusterPool {
             }
             let outcome = call(&part);
             match &outcome {
-                Err(Error::Redis(e)) if !matches!(e.kind(), ErrorKind::Server(_)) => {
+                Err(Error::Redis(e)) if e.code().is_none() => {
                     failed.insert(master.clone());
                     self.suspects.lock().insert(master);
                 }

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use r2d2::PooledConnection;
-use redis::{Client, Connection, ConnectionLike, ErrorKind, RedisError, RedisResult, Value};
+use redis::{Client, Connection, ConnectionLike, RedisError, RedisResult, Value};
 use scheduled_thread_pool::{OnPoolDropBehavior, ScheduledThreadPool};
 
 use crate::Result;
@@ -293,7 +293,7 @@ impl Conn {
         };
         let result = request(con);
         if let Err(e) = &result
-            && !matches!(e.kind(), ErrorKind::Server(_))
+            && e.code().is_none()
         {
             match self {
                 Conn::Own(tracked) => tracked.broken = true,

@@ -332,3 +332,38 @@ fn killed_pool_connections_are_replaced_without_help() {
     guard.release().unwrap();
     held.release().unwrap();
 }
+
+#[test]
+fn an_error_reply_redis_rs_has_no_kind_for_keeps_the_connection() {
+    let server = RedisServer::start();
+    let locker = crate::locker(&server);
+    drop(locker.lock(&["warm"]).unwrap());
+    // One connection of the test's own for its questions.
+    let admin = std::cell::RefCell::new(server.connection());
+    let query = |args: &[&str]| -> String {
+        let mut cmd = redis::cmd(args[0]);
+        cmd.arg(&args[1..]);
+        cmd.query(&mut *admin.borrow_mut()).unwrap()
+    };
+    let connections = || {
+        query(&["INFO", "stats"])
+            .lines()
+            .find_map(|l| l.strip_prefix("total_connections_received:"))
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .unwrap()
+    };
+    let before = connections();
+    // OOM is a complete reply (redis-rs gives it no ErrorKind of its own): the connection
+    // is still in step and must not be thrown away and made again.
+    query(&["CONFIG", "SET", "maxmemory", "1"]);
+    for _ in 0..5 {
+        let result = locker.lock(&["k"]);
+        assert!(
+            matches!(&result, Err(Error::Redis(e)) if e.code() == Some("OOM")),
+            "{result:?}"
+        );
+    }
+    query(&["CONFIG", "SET", "maxmemory", "0"]);
+    drop(locker.lock(&["k"]).unwrap());
+    assert_eq!(connections(), before, "connections were made again");
+}
