@@ -232,6 +232,11 @@ impl Locker {
         let mut ticket: Option<Ticket<'_>> = subscriber
             .defers(keys)
             .then(|| subscriber.wait_for(Arc::clone(&offer), Seen::default()));
+        // A value of its own for each attempt after the first, where a late take-back of
+        // an earlier one could otherwise delete what a later one took (random tokens only:
+        // a fixed token's attempts are never taken back blindly).
+        let renew = !fixed_token && self.shared.backend.takes_back(keys);
+        let mut attempt_value: Option<String> = None;
         // Set when the wait is over (timeout, retries) and this waiter, not first in line,
         // has not asked Redis since it last waited: one attempt of its own before it gives
         // up, as the first in line may be asleep for its whole retry delay.
@@ -254,13 +259,16 @@ impl Locker {
                     None => before = subscriber.seen(keys),
                     Some(ticket) => ticket.mark(),
                 }
+                if renew && ticket.is_some() {
+                    attempt_value = Some(random_token()? + &options.metadata);
+                }
                 let sent_at = Instant::now();
                 // A plain SET first only where the key is likely free: on a first attempt,
                 // and not while threads of ours wait for it.
                 let set_first = ticket.is_none() && !subscriber.is_watched(&keys[0]);
                 let attempt = Attempt {
                     keys,
-                    value: &offer.value,
+                    value: attempt_value.as_deref().unwrap_or(&offer.value),
                     owner_len: offer.owner_len,
                     ttl_ms,
                     fencing: options.fencing,
@@ -318,6 +326,7 @@ impl Locker {
             match ticket.wait_until(until) {
                 Wake::Handed { fences, sent_at } => {
                     ticket.got_lock();
+                    attempt_value = None; // handed the offer's value
                     break (fences, sent_at);
                 }
                 Wake::Released => quick = QUICK_RETRIES,
@@ -331,6 +340,8 @@ impl Locker {
             value: shared.value.clone(),
             ..*shared
         });
+        // A random token of this attempt's own has the same place in the value.
+        let value = attempt_value.unwrap_or(value);
         let held = Held::new(keys, value, token_at, fences, Timing::new(ttl_ms, sent_at));
         LockGuard::new(
             Arc::clone(&self.shared),

@@ -108,6 +108,18 @@ impl Backend {
         }
     }
 
+    /// Whether a failed attempt on `keys` is taken back by a request that may still run
+    /// after a later attempt's (a late node's take-back on a quorum, a timed-out one
+    /// across cluster slots): each attempt then needs a value of its own, or an old
+    /// take-back could delete what a later attempt counted as taken.
+    pub(crate) fn takes_back(&self, keys: &[String]) -> bool {
+        match self {
+            Backend::Single(_) => false,
+            Backend::Quorum(_) => true,
+            Backend::Cluster(..) => slot::by_slot(keys).len() > 1,
+        }
+    }
+
     /// Refreshes a batch: what was found of each lock. An error when nothing could be
     /// asked at all.
     pub(crate) fn refresh(&self, locks: &[Refresh<'_>]) -> Result<Vec<Refreshed>> {

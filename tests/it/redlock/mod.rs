@@ -381,3 +381,59 @@ fn a_release_still_on_its_way_to_the_other_nodes_is_caught_up_with_quickly() {
     );
     drop(held);
 }
+
+/// Every value written to `key` on `server` while `during` runs, from MONITOR.
+fn values_written(server: &RedisServer, key: &str, during: impl FnOnce()) -> Vec<String> {
+    let mut monitor = server.connection();
+    monitor
+        .send_packed_command(&redis::cmd("MONITOR").get_packed_command())
+        .unwrap();
+    assert_eq!(monitor.recv_response().unwrap(), redis::Value::Okay);
+    during();
+    monitor
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let mut written = Vec::new();
+    // `... "SET" "<key>" "<value>" "NX" ...`, and the acquire script's MSETNX/MSET.
+    while let Ok(redis::Value::SimpleString(line)) = monitor.recv_response() {
+        let quoted: Vec<&str> = line.split('"').skip(1).step_by(2).collect();
+        if let [command, k, value, ..] = quoted[..]
+            && ["SET", "msetnx", "mset"].contains(&command)
+            && k == key
+        {
+            written.push(value.to_string());
+        }
+    }
+    written
+}
+
+#[test]
+fn each_attempt_on_a_quorum_takes_the_keys_with_a_value_of_its_own() {
+    let servers = five();
+    let urls = urls(&servers);
+    let locker = redlock(&urls);
+    // Another owner holds the key on three of the five: every attempt takes the other two,
+    // falls short, and takes them back; a late take-back of one attempt must never match
+    // what a later attempt wrote.
+    for server in &servers[..3] {
+        server.query::<String>(&["SET", "k", "someone-else"]);
+    }
+    let options = LockOptions::default()
+        .retry(Retry::linear(Duration::from_millis(30)))
+        .timeout(Duration::from_millis(300));
+    let written = values_written(&servers[4], "k", || {
+        let result = locker.lock_with(&["k"], options);
+        assert!(matches!(result, Err(Error::NotObtained)), "{result:?}");
+    });
+    assert!(
+        written.len() >= 3,
+        "only {} attempts reached the node",
+        written.len()
+    );
+    let distinct: std::collections::HashSet<&String> = written.iter().collect();
+    assert_eq!(
+        distinct.len(),
+        written.len(),
+        "a value was used twice: {written:?}"
+    );
+}
