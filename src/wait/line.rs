@@ -20,15 +20,15 @@ use parking_lot::Condvar;
 /// keys' releases (other lockers, as the last real release's announcement counted them),
 /// or after [`STREAK_TIME`] in any case: the next release of those keys is a real one,
 /// announced, so that waiters elsewhere (which no hand-over reaches) get their chance.
-pub(crate) const STREAK_HANDOVERS: u32 = 4;
+const STREAK_HANDOVERS: u32 = 4;
 /// See [`STREAK_HANDOVERS`]: the bound for waiters elsewhere that do not listen.
-pub(crate) const STREAK_TIME: Duration = Duration::from_millis(10);
+const STREAK_TIME: Duration = Duration::from_millis(10);
 /// A streak this old is over whatever it counted: forgotten once its line is gone.
 const STALE: Duration = Duration::from_millis(100);
 /// After a real release that others heard, how long this locker's first in line waits
 /// before it attempts: the others hear of it later than it does (one more hop), and would
 /// otherwise lose nearly every race.
-pub(crate) const HEAD_START: Duration = Duration::from_micros(250);
+const HEAD_START: Duration = Duration::from_micros(250);
 
 /// What a releasing guard needs to take the keys for a waiter: the waiter's own value and
 /// TTL, in the waiter's key order.
@@ -45,7 +45,7 @@ pub(crate) struct Offer {
 
 /// How a claim on a waiter ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Handover {
+pub(super) enum Handover {
     /// The lock is the waiter's now: its fencing tokens, and when the request was sent.
     Done { fences: Vec<u64>, sent_at: Instant },
     /// Not handed over (the lock was gone, or Redis could not be asked): the waiter

@@ -50,6 +50,19 @@ pub fn waiter_with(
     })
 }
 
+/// Releases `holder`, then waits for `waiting` to hold the lock: how long after the
+/// release it got it.
+pub fn woken_after_release(
+    holder: redguard::LockGuard,
+    waiting: thread::JoinHandle<(redguard::Result<redguard::LockGuard>, Instant)>,
+) -> std::time::Duration {
+    let released = Instant::now();
+    holder.release().unwrap();
+    let (guard, at) = waiting.join().unwrap();
+    drop(guard.unwrap());
+    at - released
+}
+
 /// `key` held, and a thread waiting for it with its subscription active.
 fn held_and_awaited(
     server: &RedisServer,
