@@ -1,12 +1,16 @@
--- refresh.lua: extend the TTL of one or more locks, each only if every one of its keys
--- still holds its value. One call refreshes a whole batch: one reply, one round trip.
--- KEYS: the keys of every lock, one lock after another.
--- ARGV: three per lock: its number of keys, its value (token .. metadata), the new TTL in
--- milliseconds.
--- Returns one integer per lock: 1 when refreshed, 0 when no longer held (left untouched).
-local total = 0
+-- refresh.lua: extend the TTL of a batch of holds, locks and permits alike, each only if
+-- it is still held. One call refreshes the whole batch: one reply, one round trip.
+-- KEYS: the keys of every hold, one hold after another.
+-- ARGV: three per hold: its shape, its value (owner .. metadata), the new TTL in ms. The
+-- shape of a lock is its number of keys, each a string that must hold the value; 'p' is a
+-- semaphore permit, whose two keys are the holders and the limit (see semaphore/).
+-- Returns one integer per hold: 1 when refreshed, 0 when no longer held (left untouched:
+-- an expired permit is never revived).
+local total, permits = 0, false
 for i = 1, #ARGV, 3 do
-  local count, ttl = tonumber(ARGV[i]), tonumber(ARGV[i + 2])
+  local shape, ttl = ARGV[i], tonumber(ARGV[i + 2])
+  local count = shape == 'p' and 2 or tonumber(shape)
+  permits = permits or shape == 'p'
   if not count or count < 1 or not ttl or ttl < 1 then
     return redis.error_reply('ERR redguard refresh: bad key count or ttl')
   end
@@ -16,25 +20,60 @@ if total ~= #KEYS or #ARGV % 3 ~= 0 then
   return redis.error_reply('ERR redguard refresh: keys and arguments do not match')
 end
 
+-- Permits expire on this server's clock (see semaphore/acquire.lua, also for why the
+-- writes must be replicated as such, which is decided before the first write).
+local now
+if permits then
+  if redis.replicate_commands then
+    redis.replicate_commands()
+  end
+  local time = redis.call('time')
+  now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+end
+
+local function refresh_lock(first, last, value, ttl)
+  local values = redis.call('mget', unpack(KEYS, first, last))
+  for j = 1, #values do
+    if values[j] ~= value then
+      return 0
+    end
+  end
+  for j = first, last do
+    redis.call('pexpire', KEYS[j], ttl)
+  end
+  return 1
+end
+
+local function refresh_permit(holders, limit, value, ttl)
+  -- Another type here must not fail the whole batch: the permit is just not held.
+  if redis.call('type', holders).ok ~= 'zset' then
+    return 0
+  end
+  redis.call('zremrangebyscore', holders, '-inf', now)
+  if not redis.call('zscore', holders, value) then
+    return 0
+  end
+  redis.call('zadd', holders, 'XX', string.format('%.0f', now + tonumber(ttl)), value)
+  local last = redis.call('zrange', holders, -1, -1, 'withscores')[2]
+  last = string.format('%.0f', tonumber(last))
+  redis.call('pexpireat', holders, last)
+  if redis.call('type', limit).ok == 'string' then
+    redis.call('pexpireat', limit, last)
+  end
+  return 1
+end
+
 local results = {}
 local first = 1
 for i = 1, #ARGV, 3 do
-  local last = first + tonumber(ARGV[i]) - 1
-  local value = ARGV[i + 1]
-  local values = redis.call('mget', unpack(KEYS, first, last))
-  local held = 1
-  for j = 1, #values do
-    if values[j] ~= value then
-      held = 0
-      break
-    end
+  local shape, value, ttl = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  if shape == 'p' then
+    results[#results + 1] = refresh_permit(KEYS[first], KEYS[first + 1], value, ttl)
+    first = first + 2
+  else
+    local last = first + tonumber(shape) - 1
+    results[#results + 1] = refresh_lock(first, last, value, ttl)
+    first = last + 1
   end
-  if held == 1 then
-    for j = first, last do
-      redis.call('pexpire', KEYS[j], ARGV[i + 2])
-    end
-  end
-  results[#results + 1] = held
-  first = last + 1
 end
 return results

@@ -1,13 +1,8 @@
 use std::fmt;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::backend::Refresh;
-use crate::backend::{Acquired, Attempt, Refreshed};
-use crate::hold::Held;
-use crate::locker::Shared;
-use crate::options::checked_ttl;
-use crate::{Error, Result};
+use crate::Result;
+use crate::hold::Holding;
 
 /// A held lock on one or more keys, released when dropped.
 ///
@@ -24,38 +19,22 @@ use crate::{Error, Result};
 /// acting on the protected resource, and see the crate docs for what is not guaranteed.
 #[must_use = "if unused the lock will immediately be released"]
 pub struct LockGuard {
-    shared: Arc<Shared>,
-    held: Arc<Held>,
-    auto_refresh: bool,
-    /// Set once released, so that `Drop` does nothing more.
-    released: bool,
+    holding: Holding,
 }
 
 impl LockGuard {
-    /// Wraps a freshly acquired lock; with `auto_refresh` the refresher takes it on. If
-    /// that fails, the lock is released again.
-    pub(crate) fn new(shared: Arc<Shared>, held: Held, auto_refresh: bool) -> Result<LockGuard> {
-        let guard = LockGuard {
-            shared,
-            held: Arc::new(held),
-            auto_refresh,
-            released: false,
-        };
-        if auto_refresh {
-            let held = Arc::clone(&guard.held);
-            guard.shared.refresher.add(held).map_err(Error::Refresher)?;
-        }
-        Ok(guard)
+    pub(crate) fn new(holding: Holding) -> LockGuard {
+        LockGuard { holding }
     }
 
     /// The locked keys, in the order given (without the locker's prefix).
     pub fn keys(&self) -> &[String] {
-        self.held.names()
+        self.holding.held().names()
     }
 
     /// The owner token stored at the start of every key's value.
     pub fn token(&self) -> &str {
-        self.held.token()
+        self.holding.held().token()
     }
 
     /// The fencing token of each key, in key order (empty unless the lock was taken with
@@ -65,18 +44,18 @@ impl LockGuard {
     /// passed to someone else — as long as Redis keeps the counters (see
     /// [`LockOptions::fencing`](crate::LockOptions::fencing)).
     pub fn fences(&self) -> &[u64] {
-        &self.held.fences
+        &self.holding.held().fences
     }
 
     /// The fencing token of the first key; `None` without fencing.
     pub fn fence(&self) -> Option<u64> {
-        self.held.fences.first().copied()
+        self.holding.held().fences.first().copied()
     }
 
     /// The metadata stored after the token (empty unless set in
     /// [`LockOptions::metadata`](crate::LockOptions::metadata)).
     pub fn metadata(&self) -> &str {
-        self.held.metadata()
+        self.holding.held().metadata()
     }
 
     /// The shortest remaining TTL of the keys, as the server sees it; `None` when the lock
@@ -88,11 +67,7 @@ impl LockGuard {
     /// # Errors
     /// [`Error::Redis`] or [`Error::Pool`] when Redis cannot be asked.
     pub fn ttl(&self) -> Result<Option<Duration>> {
-        let ttl = self.shared.backend.ttl(&self.held.keys, &self.held.value)?;
-        if ttl.is_none() {
-            self.held.mark_lost();
-        }
-        Ok(ttl)
+        self.holding.ttl()
     }
 
     /// Sets the TTL of every key to `ttl` from now, if the lock is still held. With
@@ -104,31 +79,7 @@ impl LockGuard {
     /// (on a quorum, also one too short for the node timeout),
     /// [`Error::Redis`] or [`Error::Pool`] when Redis cannot be asked.
     pub fn refresh(&self, ttl: Duration) -> Result<()> {
-        let ttl_ms = checked_ttl(ttl)?;
-        self.shared.backend.check_ttl(ttl_ms)?;
-        if self.held.is_lost() {
-            return Err(Error::LockLost);
-        }
-        // From now on the refresher uses the new TTL too.
-        self.held.set_ttl(ttl_ms);
-        let lock = Refresh {
-            keys: &self.held.keys,
-            value: &self.held.value,
-            ttl_ms,
-        };
-        let sent_at = match self.shared.backend.refresh(std::slice::from_ref(&lock))?[..] {
-            [Refreshed::Held { sent_at }] => sent_at,
-            [Refreshed::Unknown] => return Err(Error::Redis(self.shared.backend.undecided())),
-            _ => {
-                self.held.mark_lost();
-                return Err(Error::LockLost);
-            }
-        };
-        self.held.refreshed(sent_at, ttl_ms);
-        if self.auto_refresh {
-            self.shared.refresher.rescheduled(self.held.id);
-        }
-        Ok(())
+        self.holding.refresh(ttl)
     }
 
     /// `true` once the lock is known to be gone: the refresher or a call on this guard
@@ -141,7 +92,7 @@ impl LockGuard {
     /// after a resume, this can say `false` for a lock the server has already expired,
     /// until the refresher (or [`ttl`](Self::ttl)) finds it gone.
     pub fn is_lost(&self) -> bool {
-        self.held.is_lost()
+        self.holding.is_lost()
     }
 
     /// Deletes the keys that still hold this guard's value.
@@ -154,79 +105,19 @@ impl LockGuard {
     /// one had deleted the keys: a loss is over-reported, never hidden.
     /// [`Error::Redis`] or [`Error::Pool`] when Redis cannot be asked (the keys then
     /// expire with their TTL).
-    pub fn release(mut self) -> Result<()> {
-        self.released = true;
-        let known_lost = self.held.is_lost();
-        let released = self.unlock()?;
-        if known_lost || !released {
-            return Err(Error::LockLost);
-        }
-        Ok(())
-    }
-
-    /// Stops refreshing, then hands the lock over to the first waiter of this locker in
-    /// line for the same keys, or runs the compare-and-delete script; `false` when not
-    /// held.
-    fn unlock(&self) -> Result<bool> {
-        if self.auto_refresh {
-            self.shared.refresher.remove(self.held.id);
-        }
-        let subscriber = &self.shared.subscriber;
-        let Some(claim) = subscriber.claim(&self.held.keys) else {
-            return self.release_for_real();
-        };
-        let offer = claim.offer();
-        let attempt = Attempt {
-            keys: &offer.keys,
-            value: &offer.value,
-            owner_len: offer.owner_len,
-            ttl_ms: offer.ttl_ms,
-            fencing: offer.fencing,
-            prefix: &self.shared.prefix,
-            fixed_token: offer.fixed_token,
-            over: Some(&self.held.value),
-        };
-        let sent_at = Instant::now();
-        if let Some(Ok(Acquired::Yes { fences, .. })) = self.shared.backend.hand_over(&attempt) {
-            claim.handed(fences, sent_at);
-            return Ok(true);
-        }
-        // Not handed over (the lock was gone, Redis failed, or the backend cannot): released
-        // as usual, and only then is the waiter told to attempt by itself.
-        let released = self.release_for_real();
-        drop(claim);
-        released
-    }
-
-    /// The compare-and-delete script, announcing the release to every waiter.
-    fn release_for_real(&self) -> Result<bool> {
-        let subscriber = &self.shared.subscriber;
-        let released = self.shared.backend.release(
-            &self.held.keys,
-            &self.held.value,
-            subscriber.release_channels(),
-        )?;
-        subscriber.released(&self.held.keys, released.listeners);
-        Ok(released.held)
-    }
-}
-
-impl Drop for LockGuard {
-    fn drop(&mut self) {
-        if !self.released {
-            // Best effort: a lock we cannot delete expires with its TTL.
-            let _ = self.unlock();
-        }
+    pub fn release(self) -> Result<()> {
+        self.holding.release()
     }
 }
 
 impl fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let held = self.holding.held();
         f.debug_struct("LockGuard")
-            .field("keys", &self.held.names())
-            .field("metadata", &self.held.metadata())
-            .field("auto_refresh", &self.auto_refresh)
-            .field("lost", &self.held.is_lost())
+            .field("keys", &held.names())
+            .field("metadata", &held.metadata())
+            .field("auto_refresh", &self.holding.auto_refresh())
+            .field("lost", &held.is_lost())
             .finish_non_exhaustive()
     }
 }

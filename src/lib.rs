@@ -118,14 +118,17 @@
 // The public primitives and their options.
 mod builder; // LockerBuilder: pool, timeouts, prefix, TLS; builds on one server, Redlock, Cluster
 mod error; // Error: held elsewhere, lost, bad input, wrong type, Redis unavailable
-mod guard; // LockGuard: the RAII hold; refresh, ttl, release, released on drop
-mod locker; // Locker: lock, try_lock, lock_with; the waiting loop
+mod guard; // LockGuard: a held lock; refresh, ttl, release, released on drop
+mod holder; // Holder: what anyone may see of a live hold (metadata, TTL)
+mod locker; // Locker: lock, try_lock, lock_with, semaphore
 mod options; // LockOptions, and the checks of keys, TTLs and tokens
+mod permit; // Permit: a held permit of a semaphore, given back on drop
 mod retry; // Retry: the delays between attempts
+mod semaphore; // Semaphore: at most N holders of a name; acquire, available, holders
 
 // The machinery under them.
 mod backend; // how a request reaches Redis: scripts, pools, one server, quorum, cluster
-mod hold; // a held lock's state, its owner token, the refresher thread
+mod hold; // any hold (lock, permit): the waiting loop, its state, token, refresher thread
 mod wait; // waiters woken by releases: the subscriber thread and its board
 
 pub mod guide; // the manual (docs/*.md): semantics, fencing, security, scaling out, performance
@@ -134,6 +137,9 @@ pub use backend::SocketTimeouts;
 pub use builder::LockerBuilder;
 pub use error::{Error, Result};
 pub use guard::LockGuard;
+pub use holder::Holder;
 pub use locker::Locker;
 pub use options::{LockOptions, MAX_KEYS, MAX_TTL};
+pub use permit::Permit;
 pub use retry::{Delays, Retry};
+pub use semaphore::{MAX_LIMIT, Semaphore};

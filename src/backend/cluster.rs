@@ -14,12 +14,13 @@ use parking_lot::Mutex;
 use redis::cluster::{ClusterClient, ClusterConnection};
 use redis::{ConnectionLike, ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
 
-use super::fence::fence_key;
+use super::companions::fence_key;
 use super::masters::Masters;
 use super::outcome::{Acquired, Refreshed, Released};
 use super::pool::Bounds;
 use super::scripts::{self, Attempt, Refresh};
 use super::slot::{by_slot, slot};
+use crate::hold::Kind;
 use crate::{Error, LockOptions, Result};
 
 /// A pool of cluster connections (each one a connection to every master).
@@ -88,9 +89,13 @@ impl ClusterPool {
         }
     }
 
-    /// Runs one request on a pooled connection. A connection whose request failed other
-    /// than by an error reply may be out of step with its replies: it is not used again.
-    fn run<T>(&self, request: impl FnOnce(&mut dyn ConnectionLike) -> RedisResult<T>) -> Result<T> {
+    /// Runs one request on a pooled connection (it goes to the master of its keys' slot).
+    /// A connection whose request failed other than by an error reply may be out of step
+    /// with its replies: it is not used again.
+    pub(crate) fn run<T>(
+        &self,
+        request: impl FnOnce(&mut dyn ConnectionLike) -> RedisResult<T>,
+    ) -> Result<T> {
         let mut tracked = self.pool.get()?;
         let result = request(&mut tracked.con);
         if let Err(e) = &result
@@ -135,7 +140,9 @@ impl ClusterPool {
                         .into_iter()
                         .chain(reply_lost.then_some(keys.as_slice()))
                     {
-                        let _ = self.run(|con| scripts::release(con, keys, attempt.value, ""));
+                        let _ = self.run(|con| {
+                            scripts::release(con, attempt.kind, keys, attempt.value, "")
+                        });
                     }
                     return failed;
                 }
@@ -265,6 +272,7 @@ impl ClusterPool {
         let batch: Vec<Refresh<'_>> = part
             .iter()
             .map(|(i, keys)| Refresh {
+                kind: locks[*i].kind,
                 keys,
                 value: locks[*i].value,
                 ttl_ms: locks[*i].ttl_ms,
@@ -279,14 +287,20 @@ impl ClusterPool {
     /// Releases every slot's part, [`per_master`](Self::per_master): what a frozen
     /// master's other slots hold is not asked for, and expires with its TTL. `false` when
     /// some part was no longer held; the first error when a part could not be released.
-    pub(crate) fn release(&self, keys: &[String], value: &str, channels: &str) -> Result<Released> {
+    pub(crate) fn release(
+        &self,
+        kind: Kind,
+        keys: &[String],
+        value: &str,
+        channels: &str,
+    ) -> Result<Released> {
         let mut released = Released {
             held: true,
             listeners: 0,
         };
         let mut failure = None;
         let release =
-            |keys: &Vec<String>| self.run(|con| scripts::release(con, keys, value, channels));
+            |keys: &Vec<String>| self.run(|con| scripts::release(con, kind, keys, value, channels));
         for (_, outcome) in self.per_master(by_slot(keys), release) {
             match outcome {
                 Ok(part) => released.held &= part.held,
@@ -304,9 +318,9 @@ impl ClusterPool {
 
     /// The shortest remaining TTL over all slots' parts; `None` when a part is not held.
     /// Stops at the first part that cannot be asked (suspect masters are asked last).
-    pub(crate) fn ttl(&self, keys: &[String], value: &str) -> Result<Option<Duration>> {
+    pub(crate) fn ttl(&self, kind: Kind, keys: &[String], value: &str) -> Result<Option<Duration>> {
         let mut shortest = Some(Duration::MAX);
-        let ttl = |keys: &Vec<String>| self.run(|con| scripts::ttl(con, keys, value));
+        let ttl = |keys: &Vec<String>| self.run(|con| scripts::ttl(con, kind, keys, value));
         for (_, ttl) in self.per_master(by_slot(keys), ttl) {
             shortest = shortest.zip(ttl?).map(|(a, b)| a.min(b));
         }
@@ -369,6 +383,27 @@ pub(crate) fn check_slots(
                 )));
             }
         }
+    }
+    Ok(())
+}
+
+/// On a cluster: a semaphore's keys (its holders and limit, then with `fencing` its counter:
+/// `prefix` + its name) must share one slot. They do unless the prefix has an empty hash
+/// tag (`{}`) before any other.
+pub(crate) fn check_semaphore_slot(keys: &[String], prefix: &str, fencing: bool) -> Result<()> {
+    let Some(holders) = keys.first() else {
+        return Ok(());
+    };
+    let counter = fencing.then(|| format!("{prefix}{}", fence_key(holders)));
+    if keys
+        .iter()
+        .chain(&counter)
+        .any(|key| slot(key) != slot(holders))
+    {
+        return Err(Error::InvalidInput(format!(
+            "the keys of semaphore {holders:?} would be in different hash slots (a prefix \
+             with an empty hash tag {{}}): use another prefix"
+        )));
     }
     Ok(())
 }

@@ -3,10 +3,11 @@
 //! everywhere (`scripts`, from `lua/`); only how it reaches Redis differs. [`Backend`]
 //! dispatches; `outcome` holds what every backend answers; `pool` gives bounded
 //! connections; `quorum` fans a request out to every node and counts the votes;
-//! `cluster` (with `slot`, `masters` and `fence`) routes by hash slot.
+//! `cluster` (with `slot` and `masters`) routes by hash slot; `companions` names the keys
+//! that go with a key (fencing counters, semaphore limits) in its slot.
 
 mod cluster;
-mod fence;
+mod companions;
 mod masters;
 mod outcome;
 mod pool;
@@ -20,13 +21,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub(crate) use cluster::ClusterPool;
+pub(crate) use companions::limit_key;
 pub(crate) use outcome::{Acquired, Refreshed, Released};
 pub use pool::SocketTimeouts;
 pub(crate) use pool::{Bounds, Pool};
 pub(crate) use quorum::Quorum;
-pub(crate) use scripts::{Attempt, Refresh};
+pub(crate) use scripts::{Attempt, Holders, Refresh};
 
-use crate::hold::drift_ms;
+use crate::hold::{Kind, drift_ms};
 use crate::{Error, LockOptions, Result};
 
 #[derive(Clone)]
@@ -43,12 +45,16 @@ impl Backend {
     /// keys, `names` the caller's (when a prefix makes them differ).
     pub(crate) fn supports(
         &self,
+        kind: Kind,
         keys: &[String],
         names: Option<&[String]>,
         prefix: &str,
         options: &LockOptions,
         ttl_ms: u64,
     ) -> Result<()> {
+        if let Kind::Permit { .. } = kind {
+            return self.supports_permits(keys, prefix, options.fencing);
+        }
         match self {
             Backend::Single(_) => Ok(()),
             Backend::Quorum(_) if options.fencing => Err(Error::InvalidInput(
@@ -60,6 +66,27 @@ impl Backend {
             Backend::Cluster(..) => {
                 cluster::check_slots(keys, names.unwrap_or(keys), prefix, options)
             }
+        }
+    }
+
+    /// Refuses, before any round trip, a semaphore whose Redis keys are `keys` (its
+    /// holders, its limit) where its permits could not be held: on a quorum, and on a
+    /// cluster when its keys (and, with `fencing`, its counter) would not share a slot.
+    pub(crate) fn supports_permits(
+        &self,
+        keys: &[String],
+        prefix: &str,
+        fencing: bool,
+    ) -> Result<()> {
+        match self {
+            Backend::Single(_) => Ok(()),
+            Backend::Quorum(_) => Err(Error::InvalidInput(
+                "semaphores need one server or a cluster: on a quorum of independent servers \
+                 more holders than the limit could each find a majority below it (with 5 \
+                 servers and a limit of 8, up to 13)"
+                    .into(),
+            )),
+            Backend::Cluster(..) => cluster::check_semaphore_slot(keys, prefix, fencing),
         }
     }
 
@@ -153,25 +180,48 @@ impl Backend {
         }
     }
 
-    /// Deletes the keys if they hold `value`; `false` when the lock was not held.
-    pub(crate) fn release(&self, keys: &[String], value: &str, channels: &str) -> Result<Released> {
+    /// Gives the hold up (deletes a lock's keys, a permit from its holders) if it is still
+    /// `value`'s; `false` when it was not held.
+    pub(crate) fn release(
+        &self,
+        kind: Kind,
+        keys: &[String],
+        value: &str,
+        channels: &str,
+    ) -> Result<Released> {
         match self {
             // Repeated only when the connection was found closed: should the server have run
             // the first one after all, the second reports the lock lost (never the reverse).
-            Backend::Single(pool) => pool.run(|con| scripts::release(con, keys, value, channels)),
+            Backend::Single(pool) => {
+                pool.run(|con| scripts::release(con, kind, keys, value, channels))
+            }
             Backend::Quorum(quorum) => quorum
-                .release(keys, value, channels)
+                .release(kind, keys, value, channels)
                 .map(|held| Released { held, listeners: 0 }),
-            Backend::Cluster(cluster, _) => cluster.release(keys, value, channels),
+            Backend::Cluster(cluster, _) => cluster.release(kind, keys, value, channels),
         }
     }
 
-    /// The lock's remaining TTL; `None` when it is not held.
-    pub(crate) fn ttl(&self, keys: &[String], value: &str) -> Result<Option<Duration>> {
+    /// The hold's remaining TTL; `None` when it is not held.
+    pub(crate) fn ttl(&self, kind: Kind, keys: &[String], value: &str) -> Result<Option<Duration>> {
         match self {
-            Backend::Single(pool) => pool.run(|con| scripts::ttl(con, keys, value)),
-            Backend::Quorum(quorum) => quorum.ttl(keys, value),
-            Backend::Cluster(cluster, _) => cluster.ttl(keys, value),
+            Backend::Single(pool) => pool.run(|con| scripts::ttl(con, kind, keys, value)),
+            Backend::Quorum(quorum) => quorum.ttl(kind, keys, value),
+            Backend::Cluster(cluster, _) => cluster.ttl(kind, keys, value),
+        }
+    }
+
+    /// The live holders of the semaphore whose holders live at `key`; see
+    /// [`scripts::holders`]. Read only, so safe to repeat.
+    pub(crate) fn holders(&self, key: &str, count_only: bool) -> Result<Holders> {
+        match self {
+            Backend::Single(pool) => pool.run(|con| scripts::holders(con, key, count_only)),
+            Backend::Cluster(cluster, _) => {
+                cluster.run(|con| scripts::holders(con, key, count_only))
+            }
+            Backend::Quorum(_) => self
+                .supports_permits(&[], "", false)
+                .map(|()| Holders::Count(0)),
         }
     }
 

@@ -1,7 +1,7 @@
 //! What the backends answer, whichever one asked Redis: the types the dispatcher
 //! ([`Backend`](super::Backend)) and each backend share, so that none imports another.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// What one acquisition attempt found.
 #[derive(Debug, PartialEq, Eq)]
@@ -21,6 +21,10 @@ pub(crate) enum Acquired {
     NoQuorum,
     /// `key` holds a Redis `kind` other than a string; nothing was changed.
     WrongType { key: String, kind: String },
+    /// A semaphore's every permit is held; the first of them expires in `retry_in`.
+    Full { retry_in: Duration },
+    /// A semaphore's live holders use this other limit; nothing was taken.
+    OtherLimit { limit: u32 },
 }
 
 /// What a refresh found of one lock.

@@ -1,4 +1,4 @@
-//! The four Lua scripts in `lua/`, and typed calls to them.
+//! The Lua scripts in `lua/` (locks) and `lua/semaphore/` (permits), and typed calls to them.
 //!
 //! Each call is one round trip: EVALSHA, or, when the server answers NOSCRIPT (after a
 //! restart or SCRIPT FLUSH), EVAL with the script's text, which also caches it there.
@@ -13,8 +13,9 @@ use redis::{
     Arg, Cmd, ConnectionLike, ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Value,
 };
 
-use super::fence::fence_key;
+use super::companions::fence_key;
 use super::outcome::{Acquired, Released};
+use crate::hold::Kind;
 
 /// A script of `lua/`: its text, and the SHA1 that EVALSHA names it by.
 struct Lua {
@@ -33,6 +34,14 @@ static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../../lu
 static REFRESH: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../../lua/refresh.lua")));
 static RELEASE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../../lua/release.lua")));
 static TTL: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../../lua/ttl.lua")));
+static PERMIT_ACQUIRE: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("../../lua/semaphore/acquire.lua")));
+static PERMIT_RELEASE: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("../../lua/semaphore/release.lua")));
+static PERMIT_TTL: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("../../lua/semaphore/ttl.lua")));
+static HOLDERS: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("../../lua/semaphore/holders.lua")));
 
 /// One script call, ready to send: the EVALSHA, and the script's text should the server
 /// not know it.
@@ -117,6 +126,7 @@ pub(crate) fn acquire(
     if let [key] = attempt.keys
         && set_first
         && !attempt.fencing
+        && attempt.kind == Kind::Lock
     {
         let set: Option<String> = redis::cmd("SET")
             .arg(key)
@@ -137,10 +147,14 @@ pub(crate) fn acquire(
 
 /// The acquire script's call for `attempt` (never the plain `SET`).
 pub(crate) fn acquire_call(attempt: &Attempt<'_>) -> Call {
+    // A lock has a counter per key; a semaphore one, that of its holders' key.
+    let counted = match attempt.kind {
+        Kind::Lock => attempt.keys,
+        Kind::Permit { .. } => attempt.keys.get(..1).unwrap_or_default(),
+    };
     let counters: Vec<String> = if attempt.fencing {
         let prefix = attempt.prefix;
-        attempt
-            .keys
+        counted
             .iter()
             .map(|key| format!("{prefix}{}", fence_key(key)))
             .collect()
@@ -157,8 +171,17 @@ pub(crate) fn acquire_call(attempt: &Attempt<'_>) -> Call {
     let ttl_ms = attempt.ttl_ms.to_string();
     let fencing = if attempt.fencing { "1" } else { "0" };
     let mut args = vec![attempt.value, &owner_len, &ttl_ms, fencing];
-    args.extend(attempt.over);
-    Call::new(&ACQUIRE, &keys, &args)
+    match attempt.kind {
+        Kind::Lock => {
+            args.extend(attempt.over);
+            Call::new(&ACQUIRE, &keys, &args)
+        }
+        Kind::Permit { limit } => {
+            let limit = limit.to_string();
+            args.extend([limit.as_str(), if attempt.fixed_token { "1" } else { "0" }]);
+            Call::new(&PERMIT_ACQUIRE, &keys, &args)
+        }
+    }
 }
 
 /// The acquire script's answer.
@@ -187,6 +210,12 @@ pub(crate) fn parse_acquired(reply: Value) -> RedisResult<Acquired> {
                     fresh: tag == b"fences",
                 }
             }
+            [Value::BulkString(tag), ms] if tag == b"full" => Acquired::Full {
+                retry_in: Duration::from_millis(redis::from_redis_value_ref(ms)?),
+            },
+            [Value::BulkString(tag), limit] if tag == b"limit" => Acquired::OtherLimit {
+                limit: redis::from_redis_value_ref(limit)?,
+            },
             [_, key, kind] => Acquired::WrongType {
                 key: redis::from_redis_value_ref(key)?,
                 kind: redis::from_redis_value_ref(kind)?,
@@ -204,6 +233,7 @@ pub(crate) fn parse_acquired(reply: Value) -> RedisResult<Acquired> {
 /// What one acquisition attempt asks for.
 #[derive(Clone, Copy)]
 pub(crate) struct Attempt<'a> {
+    pub(crate) kind: Kind,
     pub(crate) keys: &'a [String],
     /// The owner part (see [`owner_part`](crate::hold::owner_part)), then the metadata.
     pub(crate) value: &'a str,
@@ -221,8 +251,9 @@ pub(crate) struct Attempt<'a> {
     pub(crate) over: Option<&'a str>,
 }
 
-/// One lock for [`refresh`]: its keys, its value and the TTL to set.
+/// One hold for [`refresh`]: its kind, keys, value and the TTL to set.
 pub(crate) struct Refresh<'a> {
+    pub(crate) kind: Kind,
     pub(crate) keys: &'a [String],
     pub(crate) value: &'a str,
     pub(crate) ttl_ms: u64,
@@ -247,14 +278,21 @@ pub(crate) fn refresh_call(locks: &[Refresh<'_>]) -> Call {
         .iter()
         .flat_map(|lock| lock.keys.iter().map(String::as_str))
         .collect();
+    // A lock's shape is its number of keys; a permit's is `p` (see `lua/refresh.lua`).
     let numbers: Vec<(String, String)> = locks
         .iter()
-        .map(|lock| (lock.keys.len().to_string(), lock.ttl_ms.to_string()))
+        .map(|lock| {
+            let shape = match lock.kind {
+                Kind::Lock => lock.keys.len().to_string(),
+                Kind::Permit { .. } => "p".to_string(),
+            };
+            (shape, lock.ttl_ms.to_string())
+        })
         .collect();
     let args: Vec<&str> = locks
         .iter()
         .zip(&numbers)
-        .flat_map(|(lock, (count, ttl))| [count.as_str(), lock.value, ttl.as_str()])
+        .flat_map(|(lock, (shape, ttl))| [shape.as_str(), lock.value, ttl.as_str()])
         .collect();
     Call::new(&REFRESH, &keys, &args)
 }
@@ -276,11 +314,12 @@ pub(crate) fn parse_refreshed(reply: Value, len: usize) -> RedisResult<Vec<bool>
 /// key no longer held `value`.
 pub(crate) fn release(
     con: &mut dyn ConnectionLike,
+    kind: Kind,
     keys: &[String],
     value: &str,
     channels: &str,
 ) -> RedisResult<Released> {
-    parse_released(release_call(keys, value, channels).run(con)?)
+    parse_released(release_call(kind, keys, value, channels).run(con)?)
 }
 
 /// The release script's answer: whether the lock was held (and is now deleted), in the
@@ -293,24 +332,34 @@ pub(crate) fn parse_released(reply: Value) -> RedisResult<Released> {
     })
 }
 
-pub(crate) fn release_call(keys: &[String], value: &str, channels: &str) -> Call {
+pub(crate) fn release_call(kind: Kind, keys: &[String], value: &str, channels: &str) -> Call {
     let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-    Call::new(&RELEASE, &keys, &[value, channels])
+    let script = match kind {
+        Kind::Lock => &RELEASE,
+        Kind::Permit { .. } => &PERMIT_RELEASE,
+    };
+    Call::new(script, &keys, &[value, channels])
 }
 
 /// The shortest remaining TTL of `keys` if every one still holds `value`; `None` when not
 /// held. A lock whose keys have no TTL at all (someone ran PERSIST) reports `Duration::MAX`.
 pub(crate) fn ttl(
     con: &mut dyn ConnectionLike,
+    kind: Kind,
     keys: &[String],
     value: &str,
 ) -> RedisResult<Option<Duration>> {
-    parse_ttl(ttl_call(keys, value).run(con)?)
+    parse_ttl(ttl_call(kind, keys, value).run(con)?)
 }
 
-pub(crate) fn ttl_call(keys: &[String], value: &str) -> Call {
+pub(crate) fn ttl_call(kind: Kind, keys: &[String], value: &str) -> Call {
+    let (script, keys) = match kind {
+        Kind::Lock => (&TTL, keys),
+        // The permit's expiry is its score among the holders.
+        Kind::Permit { .. } => (&PERMIT_TTL, keys.get(..1).unwrap_or_default()),
+    };
     let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-    Call::new(&TTL, &keys, &[value])
+    Call::new(script, &keys, &[value])
 }
 
 /// The TTL script's answer.
@@ -321,4 +370,58 @@ pub(crate) fn parse_ttl(reply: Value) -> RedisResult<Option<Duration>> {
         -1 => Some(Duration::MAX),
         ms => Some(Duration::from_millis(ms.unsigned_abs())),
     })
+}
+
+/// The live holders of a semaphore whose holders' key is `key`: how many, or each one's
+/// value and remaining TTL, the first to expire first.
+pub(crate) fn holders(
+    con: &mut dyn ConnectionLike,
+    key: &str,
+    count_only: bool,
+) -> RedisResult<Holders> {
+    let what = if count_only { "count" } else { "list" };
+    let reply = Call::new(&HOLDERS, &[key], &[what]).run(con)?;
+    let shape = || {
+        RedisError::from((
+            ErrorKind::UnexpectedReturnType,
+            "holders script answered in an unknown shape",
+        ))
+    };
+    Ok(
+        match redis::from_redis_value::<Vec<Value>>(reply)?.as_slice() {
+            [Value::BulkString(tag), n] if tag == b"count" => {
+                Holders::Count(redis::from_redis_value_ref(n)?)
+            }
+            [Value::BulkString(tag), pairs @ ..] if tag == b"holders" && pairs.len() % 2 == 0 => {
+                Holders::List(
+                    pairs
+                        .chunks_exact(2)
+                        .map(|pair| match pair {
+                            [value, ms] => Ok((
+                                redis::from_redis_value_ref(value)?,
+                                Duration::from_millis(redis::from_redis_value_ref(ms)?),
+                            )),
+                            _ => Err(shape()),
+                        })
+                        .collect::<RedisResult<_>>()?,
+                )
+            }
+            [Value::BulkString(tag), _key, kind] if tag == b"wrongtype" => Holders::WrongType {
+                kind: redis::from_redis_value_ref(kind)?,
+            },
+            _ => return Err(shape()),
+        },
+    )
+}
+
+/// What [`holders`] found.
+#[derive(Debug)]
+pub(crate) enum Holders {
+    Count(u32),
+    /// Each live holder's value and remaining TTL.
+    List(Vec<(String, Duration)>),
+    /// The holders' key holds this other Redis type.
+    WrongType {
+        kind: String,
+    },
 }

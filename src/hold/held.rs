@@ -5,9 +5,22 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+/// What a hold is. Every kind shares the same state, refresher, waiting and backends;
+/// only the scripts that act on Redis differ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// A lock: every key a string that holds the owner's value.
+    Lock,
+    /// One of at most `limit` permits of a semaphore. Its keys are the holders (a sorted
+    /// set of values, each scored by its expiry on the server's clock) and the stored
+    /// limit; with fencing, the acquire script also gets the semaphore's fencing counter.
+    Permit { limit: u32 },
+}
+
 pub(crate) struct Held {
     /// Unique within the process: the refresher's handle on this lock.
     pub(crate) id: u64,
+    pub(crate) kind: Kind,
     /// The keys as stored in Redis (with the locker's prefix).
     pub(crate) keys: Vec<String>,
     /// The keys as the caller named them, when a prefix makes them differ.
@@ -81,6 +94,7 @@ pub(crate) fn later(at: Instant, wait: Duration) -> Instant {
 
 impl Held {
     pub(crate) fn new(
+        kind: Kind,
         keys: Vec<String>,
         value: String,
         token: std::ops::Range<usize>,
@@ -90,6 +104,7 @@ impl Held {
         static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         Held {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            kind,
             keys,
             names: None,
             value,
@@ -169,6 +184,7 @@ mod tests {
     fn held(ttl_ms: u64, sent_at: Instant) -> Held {
         let value = "8:0123abcdmeta".to_string();
         Held::new(
+            Kind::Lock,
             vec!["k".into()],
             value,
             2..10,
@@ -232,7 +248,14 @@ mod tests {
         let start = Instant::now();
         let timing = Timing::new(1000, start);
         assert_eq!(timing.expires_at(), start + 988 * MS);
-        let held = Held::new(vec!["k".into()], "t".into(), 0..1, Vec::new(), timing);
+        let held = Held::new(
+            Kind::Lock,
+            vec!["k".into()],
+            "t".into(),
+            0..1,
+            Vec::new(),
+            timing,
+        );
         held.refreshed(start + 10 * MS, 2000);
         assert_eq!(held.timing().expires_at(), start + 1988 * MS);
     }

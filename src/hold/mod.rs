@@ -1,11 +1,16 @@
-//! A held lock and what keeps it: its state (keys, value, token, timing, loss), the owner
-//! token stored in each key, and the one refresher thread per locker that extends every
-//! auto-refreshed hold in one batch.
+//! A hold, whatever its kind (a lock, a permit): how it is obtained (the one waiting loop),
+//! its state (keys, value, token, timing, loss), its RAII owner, the owner token stored in
+//! Redis, and the one refresher thread per locker that extends every auto-refreshed hold
+//! in one batch.
 
 mod held;
+mod holding;
+mod obtain;
 mod refresher;
 mod token;
 
-pub(crate) use held::{Held, Timing, drift_ms, later};
+pub(crate) use held::{Held, Kind, Timing, drift_ms, later};
+pub(crate) use holding::Holding;
+pub(crate) use obtain::{Request, obtain};
 pub(crate) use refresher::Refresher;
-pub(crate) use token::{owner_part, random_token};
+pub(crate) use token::{metadata_of, owner_part, random_token};

@@ -226,6 +226,7 @@ fn refresh(state: &State, backend: &Backend, batch: &[Arc<Held>]) {
         .iter()
         .zip(&ttls)
         .map(|(held, &ttl_ms)| Refresh {
+            kind: held.kind,
             keys: &held.keys,
             value: &held.value,
             ttl_ms,

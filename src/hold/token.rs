@@ -28,6 +28,22 @@ pub(crate) fn owner_part(token: &str) -> String {
     }
 }
 
+/// The metadata in a stored `value`: what follows its owner part (see [`owner_part`]).
+/// A random-form token has no `:` in its first 32 characters, so a value that starts with
+/// a few digits and a `:` is in the `<length>:<token>` form.
+pub(crate) fn metadata_of(value: &str) -> &str {
+    let length_form = value.split_once(':').and_then(|(len, rest)| {
+        let digits = !len.is_empty() && len.len() <= 20 && len.bytes().all(|b| b.is_ascii_digit());
+        digits
+            .then(|| len.parse::<usize>().ok())
+            .flatten()
+            .and_then(|len| rest.get(len..))
+    });
+    length_form
+        .or_else(|| value.get(RANDOM_TOKEN_LEN..))
+        .unwrap_or_default()
+}
+
 fn is_random_form(token: &str) -> bool {
     token.len() == RANDOM_TOKEN_LEN
         && token
@@ -70,6 +86,24 @@ mod tests {
             random,
             "random tokens are stored as they are"
         );
+    }
+
+    #[test]
+    fn metadata_is_what_follows_the_owner_part() {
+        let random = random_token().unwrap();
+        for token in [
+            "worker-1",
+            "1",
+            "a:b",
+            "12",
+            random.as_str(),
+            &"1".repeat(32),
+        ] {
+            for metadata in ["", "host:7", ":", "9:x"] {
+                let value = owner_part(token) + metadata;
+                assert_eq!(metadata_of(&value), metadata, "{value:?}");
+            }
+        }
     }
 
     #[test]

@@ -352,6 +352,7 @@ mod tests {
 
     fn offer(names: &[&str]) -> Arc<Offer> {
         Arc::new(Offer {
+            kind: crate::hold::Kind::Lock,
             keys: keys(names),
             value: "v".into(),
             owner_len: 1,

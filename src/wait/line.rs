@@ -16,6 +16,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Condvar;
 
+use crate::hold::Kind;
+
 /// A streak of hand-overs ends after this many in a row while others listen for the
 /// keys' releases (other lockers, as the last real release's announcement counted them),
 /// or after [`STREAK_TIME`] in any case: the next release of those keys is a real one,
@@ -34,6 +36,7 @@ const HEAD_START: Duration = Duration::from_micros(250);
 /// TTL, in the waiter's key order.
 #[derive(Debug)]
 pub(crate) struct Offer {
+    pub(crate) kind: Kind,
     /// The keys as stored in Redis.
     pub(crate) keys: Vec<String>,
     pub(crate) value: String,
@@ -173,7 +176,8 @@ impl Lines {
                     }
                 }
             }
-            Some(&next) if was_first && !with_lock => {
+            // A permit leaves others free: the next may find one too.
+            Some(&next) if was_first && (!with_lock || place.offer.kind != Kind::Lock) => {
                 if let Some(next) = self.places.get_mut(&next) {
                     next.turn = true;
                     next.wake.notify_one();
@@ -249,7 +253,7 @@ impl Lines {
             return None;
         }
         let place = self.places.get_mut(&id)?;
-        if !place.asleep || place.claim != Claim::Free {
+        if !place.asleep || place.claim != Claim::Free || place.offer.kind != Kind::Lock {
             return None;
         }
         place.claim = Claim::Pending;
@@ -316,6 +320,7 @@ mod tests {
 
     fn offer(keys: &[&str]) -> Arc<Offer> {
         Arc::new(Offer {
+            kind: Kind::Lock,
             keys: keys.iter().map(|k| k.to_string()).collect(),
             value: "v".into(),
             owner_len: 1,

@@ -12,6 +12,7 @@ mod readme;
 mod redlock;
 mod refresh;
 mod security;
+mod semaphore;
 mod server;
 mod stress;
 mod threads;

@@ -24,7 +24,7 @@ use self::node::{Node, refused};
 use super::outcome::{Acquired, Refreshed};
 use super::pool::Pool;
 use super::scripts::{self, Attempt, Call, Refresh};
-use crate::hold::drift_ms;
+use crate::hold::{Kind, drift_ms};
 use crate::{Error, Result};
 
 pub(crate) struct Quorum {
@@ -125,7 +125,7 @@ impl Quorum {
     /// [`Acquired::NoQuorum`] (none could be reached in time).
     pub(crate) fn acquire(&self, attempt: &Attempt<'_>, set_first: bool) -> Result<Acquired> {
         let started = Instant::now();
-        let take_back = || scripts::release_call(attempt.keys, attempt.value, "");
+        let take_back = || scripts::release_call(attempt.kind, attempt.keys, attempt.value, "");
         let script = || scripts::acquire_call(attempt);
         let plain = set_first.then(|| plain_set(attempt)).flatten();
         let Replies {
@@ -242,8 +242,14 @@ impl Quorum {
     /// [`fan_out`](Self::fan_out)), as a node back from a short failure may hold the lock;
     /// `true` when a majority still held it, `false` when too few did even counting the
     /// nodes that did not answer.
-    pub(crate) fn release(&self, keys: &[String], value: &str, channels: &str) -> Result<bool> {
-        let release = scripts::release_call(keys, value, channels);
+    pub(crate) fn release(
+        &self,
+        kind: Kind,
+        keys: &[String],
+        value: &str,
+        channels: &str,
+    ) -> Result<bool> {
+        let release = scripts::release_call(kind, keys, value, channels);
         let (answers, silent) = self.answers(&release, Ask::Every, |reply| {
             Ok(scripts::parse_released(reply)?.held)
         })?;
@@ -255,9 +261,9 @@ impl Quorum {
     /// How long a majority of the nodes will still hold the lock: the TTL of the node at
     /// which fewer than a majority would remain. `None` when too few hold it, even counting
     /// the nodes that did not answer.
-    pub(crate) fn ttl(&self, keys: &[String], value: &str) -> Result<Option<Duration>> {
+    pub(crate) fn ttl(&self, kind: Kind, keys: &[String], value: &str) -> Result<Option<Duration>> {
         let (answers, silent) =
-            self.answers(&scripts::ttl_call(keys, value), Ask::Awake, |reply| {
+            self.answers(&scripts::ttl_call(kind, keys, value), Ask::Awake, |reply| {
                 Ok(scripts::parse_ttl(reply)?)
             })?;
         let mut ttls: Vec<Duration> = answers.into_iter().flatten().collect();

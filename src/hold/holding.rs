@@ -1,0 +1,171 @@
+//! The RAII owner of a hold, whatever its kind: what [`LockGuard`](crate::LockGuard) and
+//! [`Permit`](crate::Permit) are made of. It asks the refresher to keep the hold alive,
+//! answers `ttl`, `refresh` and `is_lost`, and gives the hold up on release or drop (a
+//! lock to the first waiter of this locker in line for the same keys, when there is one).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::{Held, Kind};
+use crate::backend::{Acquired, Attempt, Refresh, Refreshed};
+use crate::locker::Shared;
+use crate::options::checked_ttl;
+use crate::{Error, Result};
+
+pub(crate) struct Holding {
+    shared: Arc<Shared>,
+    held: Arc<Held>,
+    auto_refresh: bool,
+    /// Set once released, so that `Drop` does nothing more.
+    released: bool,
+}
+
+impl Holding {
+    /// Wraps a freshly obtained hold; with `auto_refresh` the refresher takes it on. If
+    /// that fails, the hold is given up again.
+    pub(crate) fn new(shared: Arc<Shared>, held: Held, auto_refresh: bool) -> Result<Holding> {
+        let holding = Holding {
+            shared,
+            held: Arc::new(held),
+            auto_refresh,
+            released: false,
+        };
+        if auto_refresh {
+            let held = Arc::clone(&holding.held);
+            holding
+                .shared
+                .refresher
+                .add(held)
+                .map_err(Error::Refresher)?;
+        }
+        Ok(holding)
+    }
+
+    pub(crate) fn held(&self) -> &Held {
+        &self.held
+    }
+
+    pub(crate) fn auto_refresh(&self) -> bool {
+        self.auto_refresh
+    }
+
+    /// The remaining TTL as the server sees it; `None` (and marked lost) when not held.
+    pub(crate) fn ttl(&self) -> Result<Option<Duration>> {
+        let held = &self.held;
+        let ttl = self
+            .shared
+            .backend
+            .ttl(held.kind, &held.keys, &held.value)?;
+        if ttl.is_none() {
+            held.mark_lost();
+        }
+        Ok(ttl)
+    }
+
+    /// Sets the TTL to `ttl` from now, if still held; later refreshes use it too.
+    pub(crate) fn refresh(&self, ttl: Duration) -> Result<()> {
+        let ttl_ms = checked_ttl(ttl)?;
+        self.shared.backend.check_ttl(ttl_ms)?;
+        if self.held.is_lost() {
+            return Err(Error::LockLost);
+        }
+        // From now on the refresher uses the new TTL too.
+        self.held.set_ttl(ttl_ms);
+        let hold = Refresh {
+            kind: self.held.kind,
+            keys: &self.held.keys,
+            value: &self.held.value,
+            ttl_ms,
+        };
+        let sent_at = match self.shared.backend.refresh(std::slice::from_ref(&hold))?[..] {
+            [Refreshed::Held { sent_at }] => sent_at,
+            [Refreshed::Unknown] => return Err(Error::Redis(self.shared.backend.undecided())),
+            _ => {
+                self.held.mark_lost();
+                return Err(Error::LockLost);
+            }
+        };
+        self.held.refreshed(sent_at, ttl_ms);
+        if self.auto_refresh {
+            self.shared.refresher.rescheduled(self.held.id);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn is_lost(&self) -> bool {
+        self.held.is_lost()
+    }
+
+    /// Gives the hold up: `LockLost` when it was no longer (or already known not to be)
+    /// held.
+    pub(crate) fn release(mut self) -> Result<()> {
+        self.released = true;
+        let known_lost = self.held.is_lost();
+        let released = self.unlock()?;
+        if known_lost || !released {
+            return Err(Error::LockLost);
+        }
+        Ok(())
+    }
+
+    /// Stops refreshing, then hands a lock over to the first waiter of this locker in line
+    /// for the same keys, or gives the hold up in Redis; `false` when not held.
+    fn unlock(&self) -> Result<bool> {
+        if self.auto_refresh {
+            self.shared.refresher.remove(self.held.id);
+        }
+        // Permits are not handed over: a release lets the next waiter in line attempt.
+        if self.held.kind != Kind::Lock {
+            return self.release_for_real();
+        }
+        let subscriber = &self.shared.subscriber;
+        let Some(claim) = subscriber.claim(&self.held.keys) else {
+            return self.release_for_real();
+        };
+        let offer = claim.offer();
+        let attempt = Attempt {
+            kind: Kind::Lock,
+            keys: &offer.keys,
+            value: &offer.value,
+            owner_len: offer.owner_len,
+            ttl_ms: offer.ttl_ms,
+            fencing: offer.fencing,
+            prefix: &self.shared.prefix,
+            fixed_token: offer.fixed_token,
+            over: Some(&self.held.value),
+        };
+        let sent_at = Instant::now();
+        if let Some(Ok(Acquired::Yes { fences, .. })) = self.shared.backend.hand_over(&attempt) {
+            claim.handed(fences, sent_at);
+            return Ok(true);
+        }
+        // Not handed over (the lock was gone, Redis failed, or the backend cannot): released
+        // as usual, and only then is the waiter told to attempt by itself.
+        let released = self.release_for_real();
+        drop(claim);
+        released
+    }
+
+    /// The release script of the hold's kind, announcing the release to every waiter.
+    fn release_for_real(&self) -> Result<bool> {
+        let subscriber = &self.shared.subscriber;
+        let held = &self.held;
+        let released = self.shared.backend.release(
+            held.kind,
+            &held.keys,
+            &held.value,
+            subscriber.release_channels(),
+        )?;
+        subscriber.released(&held.keys, released.listeners);
+        Ok(released.held)
+    }
+}
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        if !self.released {
+            // Best effort: a hold we cannot give up expires with its TTL.
+            let _ = self.unlock();
+        }
+    }
+}

@@ -1,0 +1,212 @@
+//! Obtaining a hold, whatever its kind: the one waiting loop of every primitive. Attempt;
+//! while the hold is taken elsewhere, wait in this locker's line for the keys (woken by a
+//! release, a turn, or a hand-over), as the retry policy and timeout allow; attempt again.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::{Held, Holding, Kind, Timing, later, owner_part, random_token};
+use crate::backend::{Acquired, Attempt};
+use crate::locker::Shared;
+use crate::options::{checked_token, checked_ttl};
+use crate::wait::{Offer, Seen, Ticket, Wake};
+use crate::{Error, LockOptions, Result};
+
+/// On a quorum, a release heard from one node may not have reached the others yet: an
+/// attempt right after it that finds only some nodes free ([`Acquired::Partial`]) is
+/// tried again after this (and up to four times this, at random), up to
+/// [`QUICK_RETRIES`] times per wake-up, without using up a retry.
+const QUICK_PAUSE: Duration = Duration::from_millis(1);
+const QUICK_RETRIES: u32 = 3;
+
+/// What to obtain: a hold of some kind on its keys.
+pub(crate) struct Request {
+    pub(crate) kind: Kind,
+    /// The keys as stored in Redis (with the locker's prefix), none empty or repeated.
+    pub(crate) keys: Vec<String>,
+    /// The caller's names for the keys, when they differ.
+    pub(crate) names: Option<Vec<String>>,
+}
+
+/// Obtains `request` as `options` say, with `no_quorum` as the error when too few quorum
+/// nodes answer.
+pub(crate) fn obtain(
+    shared: &Arc<Shared>,
+    request: Request,
+    options: LockOptions,
+    no_quorum: impl Fn() -> Error,
+) -> Result<Holding> {
+    let started = Instant::now();
+    let Request { kind, keys, names } = request;
+    let prefix = shared.prefix.as_str();
+    let ttl_ms = checked_ttl(options.ttl.unwrap_or(shared.default_ttl))?;
+    shared
+        .backend
+        .supports(kind, &keys, names.as_deref(), prefix, &options, ttl_ms)?;
+    let fixed_token = options.token.is_some();
+    let token = match options.token {
+        Some(token) => {
+            checked_token(&token)?;
+            token
+        }
+        None => random_token()?,
+    };
+    let owner = owner_part(&token);
+    // The token ends the owner part; the metadata follows it.
+    let token_at = owner.len() - token.len()..owner.len();
+    let value = owner + &options.metadata;
+    // A timeout too long for the clock is no deadline at all.
+    let deadline = options.timeout.and_then(|t| started.checked_add(t));
+    let mut delays = options.retry.delays();
+    let subscriber = &shared.subscriber;
+    // What a releasing guard of this locker needs to hand the lock over to us.
+    let offer = Arc::new(Offer {
+        kind,
+        keys,
+        value,
+        owner_len: token_at.end,
+        ttl_ms,
+        fencing: options.fencing,
+        fixed_token,
+    });
+    let keys = &offer.keys;
+    // In line once an attempt found the keys held; at once, without an attempt, while
+    // they pass between threads of this locker by hand-overs (or others have their
+    // head start).
+    let mut ticket: Option<Ticket<'_>> = subscriber
+        .defers(keys)
+        .then(|| subscriber.wait_for(Arc::clone(&offer), Seen::default()));
+    // A value of its own for each attempt after the first, where a late take-back of
+    // an earlier one could otherwise delete what a later one took (random tokens only:
+    // a fixed token's attempts are never taken back blindly).
+    let renew = !fixed_token && shared.backend.takes_back(keys);
+    let mut attempt_value: Option<String> = None;
+    // Set when the wait is over (timeout, retries) and this waiter, not first in line,
+    // has not asked Redis since it last waited: one attempt of its own before it gives
+    // up, as the first in line may be asleep for its whole retry delay.
+    let mut last_try = false;
+    // The end of the current retry delay: a wake-up before it gives an attempt, not a
+    // retry, so `limit` and the backoff keep counting delays served.
+    let mut wake_at: Option<Instant> = None;
+    // Quick attempts left since a release was last heard.
+    let mut quick = 0;
+
+    let (fences, sent_at) = loop {
+        let mut partial = false;
+        // For a full semaphore: when its first permit expires, unless refreshed.
+        let mut expires_in = None;
+        // Only the first in line talks to Redis; the others wait their turn.
+        let first = last_try || ticket.as_ref().is_none_or(Ticket::is_first);
+        // What a waiter has seen of the keys, noted before the attempt: a release heard
+        // while the attempt is in flight then ends the next wait at once.
+        let mut before = Seen::default();
+        if first {
+            match &mut ticket {
+                None => before = subscriber.seen(keys),
+                Some(ticket) => ticket.mark(),
+            }
+            if renew && ticket.is_some() {
+                attempt_value = Some(random_token()? + &options.metadata);
+            }
+            let sent_at = Instant::now();
+            // A plain SET first only where the key is likely free: on a first attempt,
+            // and not while threads of ours wait for it.
+            let set_first = ticket.is_none() && !subscriber.is_watched(&keys[0]);
+            let attempt = Attempt {
+                kind,
+                keys,
+                value: attempt_value.as_deref().unwrap_or(&offer.value),
+                owner_len: offer.owner_len,
+                ttl_ms,
+                fencing: options.fencing,
+                prefix,
+                fixed_token,
+                over: None,
+            };
+            match shared.backend.acquire(&attempt, set_first)? {
+                Acquired::Yes { fences, .. } => {
+                    if let Some(ticket) = &mut ticket {
+                        ticket.got_lock();
+                    }
+                    break (fences, sent_at);
+                }
+                Acquired::WrongType { key, kind: found } => {
+                    // Name a lock key as the caller did; a fencing counter by its Redis
+                    // name.
+                    let named = keys
+                        .iter()
+                        .position(|k| *k == key)
+                        .and_then(|i| names.as_ref().and_then(|names| names.get(i).cloned()));
+                    let key = named.unwrap_or(key);
+                    return Err(Error::WrongType { key, kind: found });
+                }
+                Acquired::OtherLimit { limit: stored } => {
+                    let name = names.as_ref().and_then(|names| names.first());
+                    let asked = match kind {
+                        Kind::Permit { limit } => limit,
+                        Kind::Lock => 0,
+                    };
+                    return Err(Error::InvalidInput(format!(
+                        "semaphore {:?} is held with a limit of {stored}, not {asked}: every \
+                         user of a semaphore must give the same limit (another is accepted once \
+                         no permit is held)",
+                        name.unwrap_or(&keys[0])
+                    )));
+                }
+                Acquired::HeldElsewhere => {}
+                Acquired::Full { retry_in } => expires_in = Some(retry_in),
+                Acquired::Partial => partial = true,
+                Acquired::NoQuorum => return Err(no_quorum()),
+            }
+        }
+        let now = Instant::now();
+        let next = match wake_at {
+            _ if deadline.is_some_and(|deadline| now >= deadline) => None,
+            Some(at) if at > now => Some(at),
+            _ => delays.next().map(|delay| later(now, delay)),
+        };
+        let Some(mut until) = next else {
+            if first {
+                return Err(Error::NotObtained);
+            }
+            last_try = true;
+            continue;
+        };
+        if let Some(deadline) = deadline {
+            // One last attempt at the deadline itself.
+            until = until.min(deadline);
+        }
+        wake_at = Some(until);
+        if let Some(expires_in) = expires_in {
+            // A holder that died frees its permit then, without any release to hear.
+            until = until.min(later(now, expires_in));
+        }
+        if partial && quick > 0 {
+            quick -= 1;
+            // At a random moment, so that the woken waiters do not collide again.
+            until = until.min(now + QUICK_PAUSE + delays.jitter(QUICK_PAUSE * 4));
+        }
+        let ticket = ticket.get_or_insert_with(|| subscriber.wait_for(Arc::clone(&offer), before));
+        match ticket.wait_until(until) {
+            Wake::Handed { fences, sent_at } => {
+                ticket.got_lock();
+                attempt_value = None; // handed the offer's value
+                break (fences, sent_at);
+            }
+            Wake::Released => quick = QUICK_RETRIES,
+            Wake::Turn | Wake::Timeout => {}
+        }
+    };
+    // Out of line first: the offer is then this thread's alone, and moves into the guard.
+    drop(ticket);
+    let Offer { keys, value, .. } = Arc::try_unwrap(offer).unwrap_or_else(|shared| Offer {
+        keys: shared.keys.clone(),
+        value: shared.value.clone(),
+        ..*shared
+    });
+    // A random token of this attempt's own has the same place in the value.
+    let value = attempt_value.unwrap_or(value);
+    let timing = Timing::new(ttl_ms, sent_at);
+    let held = Held::new(kind, keys, value, token_at, fences, timing);
+    Holding::new(Arc::clone(shared), held.named(names), options.auto_refresh)
+}
