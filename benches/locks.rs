@@ -4,6 +4,7 @@
 //! cargo bench                       # every workload, Markdown table on stdout
 //! BENCH_SECS=1 cargo bench          # shorter runs
 //! cargo bench -- fan-out            # only Redlock on 5 nodes against a raw fan-out
+//! cargo bench -- permits            # only W6 (and W1) against the floor
 //! cargo bench --bench contention    # W3, contention: benches/contention.rs
 //! taskset -c 0 cargo bench -- fan-out   # the same, client and servers on one CPU
 //! ```
@@ -72,6 +73,10 @@ fn main() {
     let server = RedisServer::start();
     let _ = SERVER_PID.set(server.pid());
     let url = server.url();
+    if std::env::args().any(|arg| arg == "permits") {
+        println!("{}", permits_only(&server, span));
+        return;
+    }
     let mut rows = Vec::new();
 
     let (setup, first_lock) = fresh_locker_cost(&url);
@@ -83,6 +88,7 @@ fn main() {
     let mut w4 = Vec::new();
     let mut floor8 = Vec::new();
     let mut w2 = Vec::new();
+    let mut w6 = Vec::new();
     let locker = Locker::builder()
         .pool_size(THREADS as u32 + 2)
         .build(url.as_str())
@@ -95,6 +101,7 @@ fn main() {
         w4.push(run(1, span, |i| {
             lock_cycle(&locker, (0..3).map(|k| format!("w4:{i}:{k}")).collect())
         }));
+        w6.push(run(1, span, |i| permit_cycle(&locker, &format!("w6:{i}"))));
         floor8.push(run(THREADS, span, |_| floor_cycle(&server)));
         w2.push(run(THREADS, span, |i| {
             lock_cycle(&locker, vec![format!("w2:{i}")])
@@ -121,6 +128,12 @@ fn main() {
         Some(0.95),
     ));
     rows.push(row(
+        "W6 permit of a semaphore of 8: acquire + release, 1 thread",
+        &median(w6),
+        Some(&floor1),
+        Some(0.85),
+    ));
+    rows.push(row(
         &format!("floor, {THREADS} threads, distinct keys"),
         &floor8,
         None,
@@ -138,7 +151,8 @@ fn main() {
 
     let parked = parked_handoff(&locker, 200, round_trip(&server, span));
     drop(locker); // W5 counts its own locker's refresher thread alone
-    let refresher = refresher_load(&server, &url);
+    let refresher = refresher_load(&server, &url, 0);
+    let mixed = refresher_load(&server, &url, 100);
 
     println!("\n## redguard benchmarks\n");
     println!(
@@ -167,7 +181,8 @@ fn main() {
     println!("{scaling}\n");
     println!("{fan_out}\n");
     println!("{parked}\n");
-    println!("{refresher}");
+    println!("{refresher}\n");
+    println!("{mixed}");
 }
 
 /// Redlock on 3 and 5 private servers and a private 3-master cluster, against the
@@ -466,6 +481,34 @@ fn lock_cycle(locker: &Locker, keys: Vec<String>) -> Box<dyn FnMut()> {
     })
 }
 
+/// W6 and W1 against the floor, alone, in alternating rounds.
+fn permits_only(server: &RedisServer, span: Duration) -> String {
+    let locker = Locker::connect(server.url()).expect("locker");
+    let (mut floor, mut w1, mut w6) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        floor.push(run(1, span, |_| floor_cycle(server)));
+        w1.push(run(1, span, |i| {
+            lock_cycle(&locker, vec![format!("w1:{i}")])
+        }));
+        w6.push(run(1, span, |i| permit_cycle(&locker, &format!("w6:{i}"))));
+    }
+    let floor = median(floor);
+    [
+        row("floor, 1 thread", &floor, None, None),
+        row("W1 lock, 1 thread", &median(w1), Some(&floor), Some(0.97)),
+        row("W6 permit, 1 thread", &median(w6), Some(&floor), Some(0.85)),
+    ]
+    .join("\n")
+}
+
+fn permit_cycle(locker: &Locker, name: &str) -> Box<dyn FnMut()> {
+    let semaphore = locker.semaphore(name, 8).expect("semaphore");
+    Box::new(move || {
+        let permit = semaphore.try_acquire().expect("acquire").expect("free");
+        permit.release().expect("release");
+    })
+}
+
 fn thread_id() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     NEXT.fetch_add(1, Ordering::Relaxed)
@@ -502,10 +545,12 @@ fn parked_handoff(locker: &Locker, rounds: usize, rtt: Duration) -> String {
     )
 }
 
-/// W5: 10,000 auto-refreshed guards (TTL 3 s) held for 10 s.
-fn refresher_load(server: &RedisServer, url: &str) -> String {
+/// W5: 10,000 auto-refreshed guards (TTL 3 s) held for 10 s. W7, with `semaphores`: as
+/// many permits again, over that many semaphores, kept by the same refresher thread.
+fn refresher_load(server: &RedisServer, url: &str, semaphores: usize) -> String {
     const GUARDS: usize = 10_000;
     let hold = Duration::from_secs(10);
+    server.query::<String>(&["FLUSHALL"]);
     let locker = Locker::connect(url).expect("locker");
     let options = LockOptions::default().ttl(Duration::from_secs(3));
     let guards: Vec<_> = (0..GUARDS)
@@ -513,6 +558,17 @@ fn refresher_load(server: &RedisServer, url: &str) -> String {
             locker
                 .lock_with(&[format!("w5:{i}")], options.clone())
                 .expect("lock")
+        })
+        .collect();
+    let permits: Vec<_> = (0..semaphores)
+        .flat_map(|i| {
+            let limit = GUARDS / semaphores;
+            let semaphore = locker
+                .semaphore(&format!("w7:{i}"), limit as u32)
+                .expect("semaphore");
+            (0..limit)
+                .map(|_| semaphore.acquire_with(options.clone()).expect("permit"))
+                .collect::<Vec<_>>()
         })
         .collect();
     // Load the refresh script first, so that the counts below are refresh round trips only.
@@ -533,11 +589,20 @@ fn refresher_load(server: &RedisServer, url: &str) -> String {
     let cpu = refresher_cpu() - cpu;
     let round_trips = last - evalsha;
     let refreshed = stat(server, "pexpire") - pexpire;
-    let lost = guards.iter().filter(|g| g.is_lost()).count();
+    let lost = guards.iter().filter(|g| g.is_lost()).count()
+        + permits.iter().filter(|p| p.is_lost()).count();
+    let what = if semaphores == 0 {
+        format!("W5 refresher, {GUARDS} guards")
+    } else {
+        format!(
+            "W7 refresher, {GUARDS} guards and {} permits of {semaphores} semaphores",
+            permits.len()
+        )
+    };
     format!(
-        "W5 refresher, {GUARDS} guards (TTL 3 s) held {} s: {lost} lost, at least {fewest_held} keys held \
+        "{what} (TTL 3 s) held {} s: {lost} lost, at least {fewest_held} keys held \
          at every second; {} refresher thread(s); refresh round trips per 1 s period {per_period:?} \
-         ({round_trips} in all, {:.0} keys each on average); refresher CPU {:.2}% of one core.",
+         ({round_trips} in all, {:.0} lock keys each on average); refresher CPU {:.2}% of one core.",
         hold.as_secs(),
         refresher_threads(),
         refreshed as f64 / round_trips.max(1) as f64,

@@ -3,13 +3,13 @@
 -- KEYS: the keys of every hold, one hold after another.
 -- ARGV: three per hold: its shape, its value (owner .. metadata), the new TTL in ms. The
 -- shape of a lock is its number of keys, each a string that must hold the value; 'p' is a
--- semaphore permit, whose two keys are the holders and the limit (see semaphore/).
+-- semaphore permit, whose one key is its semaphore (see semaphore/acquire.lua).
 -- Returns one integer per hold: 1 when refreshed, 0 when no longer held (left untouched:
 -- an expired permit is never revived).
 local total, permits = 0, false
 for i = 1, #ARGV, 3 do
   local shape, ttl = ARGV[i], tonumber(ARGV[i + 2])
-  local count = shape == 'p' and 2 or tonumber(shape)
+  local count = shape == 'p' and 1 or tonumber(shape)
   permits = permits or shape == 'p'
   if not count or count < 1 or not ttl or ttl < 1 then
     return redis.error_reply('ERR redguard refresh: bad key count or ttl')
@@ -44,12 +44,11 @@ local function refresh_lock(first, last, value, ttl)
   return 1
 end
 
-local function refresh_permit(holders, limit, value, ttl)
+local function refresh_permit(holders, value, ttl)
   -- Another type here must not fail the whole batch: the permit is just not held.
-  if redis.call('type', holders).ok ~= 'zset' then
+  if type(redis.pcall('zremrangebyscore', holders, 0, now)) == 'table' then
     return 0
   end
-  redis.call('zremrangebyscore', holders, '-inf', now)
   if not redis.call('zscore', holders, value) then
     return 0
   end
@@ -57,9 +56,6 @@ local function refresh_permit(holders, limit, value, ttl)
   local last = redis.call('zrange', holders, -1, -1, 'withscores')[2]
   last = string.format('%.0f', tonumber(last))
   redis.call('pexpireat', holders, last)
-  if redis.call('type', limit).ok == 'string' then
-    redis.call('pexpireat', limit, last)
-  end
   return 1
 end
 
@@ -68,8 +64,8 @@ local first = 1
 for i = 1, #ARGV, 3 do
   local shape, value, ttl = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   if shape == 'p' then
-    results[#results + 1] = refresh_permit(KEYS[first], KEYS[first + 1], value, ttl)
-    first = first + 2
+    results[#results + 1] = refresh_permit(KEYS[first], value, ttl)
+    first = first + 1
   else
     local last = first + tonumber(shape) - 1
     results[#results + 1] = refresh_lock(first, last, value, ttl)

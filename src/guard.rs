@@ -65,7 +65,7 @@ impl LockGuard {
     /// sent, so it gives the lock up a little before the server does.
     ///
     /// # Errors
-    /// [`Error::Redis`] or [`Error::Pool`] when Redis cannot be asked.
+    /// [`Error::Redis`](crate::Error::Redis) or [`Error::Pool`](crate::Error::Pool) when Redis cannot be asked.
     pub fn ttl(&self) -> Result<Option<Duration>> {
         self.holding.ttl()
     }
@@ -74,10 +74,10 @@ impl LockGuard {
     /// auto-refresh on, later refreshes use this TTL too.
     ///
     /// # Errors
-    /// [`Error::LockLost`] when the lock is no longer held (nothing is changed then),
-    /// [`Error::InvalidInput`] for a TTL under 1 ms or over [`MAX_TTL`](crate::MAX_TTL)
+    /// [`Error::LockLost`](crate::Error::LockLost) when the lock is no longer held (nothing is changed then),
+    /// [`Error::InvalidInput`](crate::Error::InvalidInput) for a TTL under 1 ms or over [`MAX_TTL`](crate::MAX_TTL)
     /// (on a quorum, also one too short for the node timeout),
-    /// [`Error::Redis`] or [`Error::Pool`] when Redis cannot be asked.
+    /// [`Error::Redis`](crate::Error::Redis) or [`Error::Pool`](crate::Error::Pool) when Redis cannot be asked.
     pub fn refresh(&self, ttl: Duration) -> Result<()> {
         self.holding.refresh(ttl)
     }
@@ -98,12 +98,12 @@ impl LockGuard {
     /// Deletes the keys that still hold this guard's value.
     ///
     /// # Errors
-    /// [`Error::LockLost`] when some key no longer held this guard's value (those that did
+    /// [`Error::LockLost`](crate::Error::LockLost) when some key no longer held this guard's value (those that did
     /// are deleted all the same; others are left alone), or when the lock was already
     /// known lost. Rarely, after the server closed the connection
     /// mid-request, the release is sent again and reports `LockLost` although the first
     /// one had deleted the keys: a loss is over-reported, never hidden.
-    /// [`Error::Redis`] or [`Error::Pool`] when Redis cannot be asked (the keys then
+    /// [`Error::Redis`](crate::Error::Redis) or [`Error::Pool`](crate::Error::Pool) when Redis cannot be asked (the keys then
     /// expire with their TTL).
     pub fn release(self) -> Result<()> {
         self.holding.release()

@@ -4,6 +4,9 @@
 #[doc = include_str!("../docs/semantics.md")]
 pub mod semantics {}
 
+#[doc = include_str!("../docs/semaphores.md")]
+pub mod semaphores {}
+
 #[doc = include_str!("../docs/fencing.md")]
 pub mod fencing {}
 

@@ -52,6 +52,22 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Semaphores
+//! [`Locker::semaphore`] gives a [`Semaphore`]: at most N holders of a name at once, each
+//! holding a [`Permit`], an RAII guard kept alive by the same refresher thread and woken
+//! by the same subscriber as locks. Expiry is counted on the server's clock only; see
+//! [semaphores](guide::semaphores).
+//!
+//! ```no_run
+//! # fn main() -> Result<(), redguard::Error> {
+//! let locker = redguard::Locker::connect("redis://127.0.0.1/")?;
+//! let payments = locker.semaphore("payments", 8)?;
+//! let permit = payments.acquire()?; // one of at most 8, in every process
+//! println!("{} free", payments.available()?);
+//! permit.release()?;
+//! # Ok(()) }
+//! ```
+//!
 //! `Locker` is a cheap `Clone` and `Send + Sync`: share it between threads. A `LockGuard` is
 //! `Send`, owns what it needs (it may outlive its `Locker`), and has nothing to deref to.
 //! [`Error`] keeps apart what callers must handle differently.
@@ -65,7 +81,8 @@
 //! background thread per [`Locker`] refreshes all of its auto-refreshed guards at about a
 //! third of their TTL, in one script call (one round trip) per wake-up, and marks a guard
 //! lost when its lock is gone. Waiters are woken by a publish on release. The whole
-//! story is in the [guide]: [semantics](guide::semantics), [fencing](guide::fencing),
+//! story is in the [guide]: [semantics](guide::semantics),
+//! [semaphores](guide::semaphores), [fencing](guide::fencing),
 //! [security](guide::security), [scaling out](guide::scaling_out) (Redlock, Cluster) and
 //! [performance](guide::performance).
 //!
@@ -131,7 +148,7 @@ mod backend; // how a request reaches Redis: scripts, pools, one server, quorum,
 mod hold; // any hold (lock, permit): the waiting loop, its state, token, refresher thread
 mod wait; // waiters woken by releases: the subscriber thread and its board
 
-pub mod guide; // the manual (docs/*.md): semantics, fencing, security, scaling out, performance
+pub mod guide; // the manual (docs/*.md): semantics, semaphores, fencing, security, scaling out, performance
 
 pub use backend::SocketTimeouts;
 pub use builder::LockerBuilder;

@@ -182,9 +182,8 @@ impl Locker {
     ///
     /// # Errors
     /// [`Error::InvalidInput`] for an empty name, a limit of 0 or over
-    /// [`MAX_LIMIT`](crate::MAX_LIMIT), on a quorum of servers (see
-    /// [`Semaphore`](crate::Semaphore#deployments)), and on a cluster when a prefix with an
-    /// empty hash tag (`{}`) would split its keys between slots.
+    /// [`MAX_LIMIT`](crate::MAX_LIMIT), and on a quorum of servers (see
+    /// [`Semaphore`](crate::Semaphore#deployments)).
     pub fn semaphore(&self, name: &str, limit: u32) -> Result<Semaphore> {
         Semaphore::new(Arc::clone(&self.shared), name, limit)
     }

@@ -1,7 +1,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::backend::{Holders, limit_key};
+use crate::backend::Holders;
 use crate::hold::{Kind, Request, metadata_of, obtain};
 use crate::locker::Shared;
 use crate::{Error, Holder, LockOptions, Permit, Result, Retry};
@@ -44,16 +44,16 @@ pub const MAX_LIMIT: u32 = 1_000_000;
 /// ```
 ///
 /// # How it is kept
-/// A semaphore's holders live in Redis under its name (with the locker's prefix) as a
-/// sorted set: each permit's value (its token, then its metadata) scored by when it
-/// expires, on the **server's** clock (`TIME` inside the scripts; no client's clock is ever
-/// compared with another's). Every script first drops the holders that have expired, so a
-/// holder that died without releasing frees its permit when its TTL runs out, and a waiter
-/// told how long that is takes the permit then, not a retry delay later. There is no
-/// separate counter that could drift from the holders. Beside the holders live the limit
-/// in use (`redguard:limit:{<name>}`) and, with fencing, the counter
-/// (`redguard:fence:{<name>}`), all in one Cluster hash slot; the holders and the limit go
-/// with the last holder.
+/// A semaphore lives in Redis under its name (with the locker's prefix) as a sorted set:
+/// each permit's value (its token, then its metadata) scored by when it expires, on the
+/// **server's** clock (`TIME` inside the scripts; no client's clock is ever compared with
+/// another's), and the member `""` scored by minus the limit in use. Every script first
+/// drops the holders that have expired, so a holder that died without releasing frees its
+/// permit when its TTL runs out, and a waiter told how long that is takes the permit then,
+/// not a retry delay later. There is no separate counter that could drift from the
+/// holders. The key expires with its last holder, and is deleted when the last one gives
+/// its permit back. With fencing, the counter is `redguard:fence:{<name>}`, in the same
+/// Cluster hash slot.
 ///
 /// A semaphore and a lock of the same name share one Redis key: the second of them to be
 /// used gets [`Error::WrongType`].
@@ -96,7 +96,7 @@ struct Inner {
     shared: Arc<Shared>,
     name: String,
     limit: u32,
-    /// As stored in Redis: the holders, then the limit in use.
+    /// The semaphore's one key, as stored in Redis (with the locker's prefix).
     keys: Vec<String>,
 }
 
@@ -112,9 +112,7 @@ impl Semaphore {
                 "semaphore limit {limit}: it must be 1 to {MAX_LIMIT}"
             )));
         }
-        let holders = format!("{}{name}", shared.prefix);
-        let limit_in_use = format!("{}{}", shared.prefix, limit_key(&holders));
-        let keys = vec![holders, limit_in_use];
+        let keys = vec![format!("{}{name}", shared.prefix)];
         shared
             .backend
             .supports_permits(&keys, &shared.prefix, false)?;
@@ -223,7 +221,7 @@ impl Semaphore {
     /// The holders script's answer, with another type's key as [`Error::WrongType`].
     fn holders_reply(&self, count_only: bool) -> Result<Holders> {
         let inner = &self.inner;
-        // The holders' key is first of the two that `new` made.
+        // The one key that `new` made.
         match inner.shared.backend.holders(&inner.keys[0], count_only)? {
             Holders::WrongType { kind, .. } => Err(Error::WrongType {
                 key: inner.name.clone(),

@@ -1,5 +1,5 @@
 -- semaphore/holders.lua: the live holders of a semaphore (read only).
--- KEYS[1]: the holders (see acquire.lua). ARGV[1]: 'count' or 'list'.
+-- KEYS[1]: the semaphore (see acquire.lua). ARGV[1]: 'count' or 'list'.
 -- Returns {'count', n}, or {'holders', value, ms left, ...} (the first to expire first),
 -- or {'wrongtype', key, type} when the key holds something else.
 local kind = redis.call('type', KEYS[1]).ok
@@ -8,7 +8,8 @@ if kind ~= 'zset' and kind ~= 'none' then
 end
 local time = redis.call('time')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
--- Live: expiring after now (see acquire.lua, which drops those at or before now).
+-- Live: expiring after now (see acquire.lua, which drops those at or before now; the limit,
+-- scored below 0, is no holder).
 local after = '(' .. string.format('%.0f', now)
 if ARGV[1] == 'count' then
   return {'count', redis.call('zcount', KEYS[1], after, '+inf')}

@@ -1,5 +1,5 @@
 -- semaphore/ttl.lua: how long a permit has left.
--- KEYS[1]: the holders (see acquire.lua). ARGV[1]: the permit's value.
+-- KEYS[1]: the semaphore (see acquire.lua). ARGV[1]: the permit's value.
 -- Returns the ms left on the server's clock, or -2 when the permit is not held.
 if redis.call('type', KEYS[1]).ok ~= 'zset' then
   return -2

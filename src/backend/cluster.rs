@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 use redis::cluster::{ClusterClient, ClusterConnection};
 use redis::{ConnectionLike, ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
 
-use super::companions::fence_key;
+use super::fence::fence_key;
 use super::masters::Masters;
 use super::outcome::{Acquired, Refreshed, Released};
 use super::pool::Bounds;
@@ -387,22 +387,16 @@ pub(crate) fn check_slots(
     Ok(())
 }
 
-/// On a cluster: a semaphore's keys (its holders and limit, then with `fencing` its counter:
-/// `prefix` + its name) must share one slot. They do unless the prefix has an empty hash
-/// tag (`{}`) before any other.
+/// On a cluster, with `fencing`: a semaphore's counter (`prefix` + its name) must share
+/// the slot of the semaphore's key, which is `keys[0]`.
 pub(crate) fn check_semaphore_slot(keys: &[String], prefix: &str, fencing: bool) -> Result<()> {
-    let Some(holders) = keys.first() else {
+    let Some(key) = keys.first().filter(|_| fencing) else {
         return Ok(());
     };
-    let counter = fencing.then(|| format!("{prefix}{}", fence_key(holders)));
-    if keys
-        .iter()
-        .chain(&counter)
-        .any(|key| slot(key) != slot(holders))
-    {
+    if slot(&format!("{prefix}{}", fence_key(key))) != slot(key) {
         return Err(Error::InvalidInput(format!(
-            "the keys of semaphore {holders:?} would be in different hash slots (a prefix \
-             with an empty hash tag {{}}): use another prefix"
+            "the fencing counter of semaphore {key:?} would be in another hash slot (a name \
+             or prefix with an unmatched brace): use a name with a hash tag"
         )));
     }
     Ok(())

@@ -3,11 +3,10 @@
 //! everywhere (`scripts`, from `lua/`); only how it reaches Redis differs. [`Backend`]
 //! dispatches; `outcome` holds what every backend answers; `pool` gives bounded
 //! connections; `quorum` fans a request out to every node and counts the votes;
-//! `cluster` (with `slot` and `masters`) routes by hash slot; `companions` names the keys
-//! that go with a key (fencing counters, semaphore limits) in its slot.
+//! `cluster` (with `slot`, `masters` and `fence`) routes by hash slot.
 
 mod cluster;
-mod companions;
+mod fence;
 mod masters;
 mod outcome;
 mod pool;
@@ -21,7 +20,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub(crate) use cluster::ClusterPool;
-pub(crate) use companions::limit_key;
 pub(crate) use outcome::{Acquired, Refreshed, Released};
 pub use pool::SocketTimeouts;
 pub(crate) use pool::{Bounds, Pool};
@@ -69,9 +67,9 @@ impl Backend {
         }
     }
 
-    /// Refuses, before any round trip, a semaphore whose Redis keys are `keys` (its
-    /// holders, its limit) where its permits could not be held: on a quorum, and on a
-    /// cluster when its keys (and, with `fencing`, its counter) would not share a slot.
+    /// Refuses, before any round trip, a semaphore (whose Redis key is `keys[0]`) where
+    /// its permits could not be held: on a quorum, and on a cluster, with `fencing`, when
+    /// its counter would not share its slot.
     pub(crate) fn supports_permits(
         &self,
         keys: &[String],

@@ -13,7 +13,7 @@ use redis::{
     Arg, Cmd, ConnectionLike, ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Value,
 };
 
-use super::companions::fence_key;
+use super::fence::fence_key;
 use super::outcome::{Acquired, Released};
 use crate::hold::Kind;
 
@@ -147,14 +147,11 @@ pub(crate) fn acquire(
 
 /// The acquire script's call for `attempt` (never the plain `SET`).
 pub(crate) fn acquire_call(attempt: &Attempt<'_>) -> Call {
-    // A lock has a counter per key; a semaphore one, that of its holders' key.
-    let counted = match attempt.kind {
-        Kind::Lock => attempt.keys,
-        Kind::Permit { .. } => attempt.keys.get(..1).unwrap_or_default(),
-    };
+    // A counter per key: a semaphore is one key.
     let counters: Vec<String> = if attempt.fencing {
         let prefix = attempt.prefix;
-        counted
+        attempt
+            .keys
             .iter()
             .map(|key| format!("{prefix}{}", fence_key(key)))
             .collect()
@@ -353,10 +350,9 @@ pub(crate) fn ttl(
 }
 
 pub(crate) fn ttl_call(kind: Kind, keys: &[String], value: &str) -> Call {
-    let (script, keys) = match kind {
-        Kind::Lock => (&TTL, keys),
-        // The permit's expiry is its score among the holders.
-        Kind::Permit { .. } => (&PERMIT_TTL, keys.get(..1).unwrap_or_default()),
+    let script = match kind {
+        Kind::Lock => &TTL,
+        Kind::Permit { .. } => &PERMIT_TTL,
     };
     let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
     Call::new(script, &keys, &[value])
@@ -372,7 +368,7 @@ pub(crate) fn parse_ttl(reply: Value) -> RedisResult<Option<Duration>> {
     })
 }
 
-/// The live holders of a semaphore whose holders' key is `key`: how many, or each one's
+/// The live holders of the semaphore at `key`: how many, or each one's
 /// value and remaining TTL, the first to expire first.
 pub(crate) fn holders(
     con: &mut dyn ConnectionLike,

@@ -11,9 +11,10 @@ use parking_lot::Mutex;
 pub(crate) enum Kind {
     /// A lock: every key a string that holds the owner's value.
     Lock,
-    /// One of at most `limit` permits of a semaphore. Its keys are the holders (a sorted
-    /// set of values, each scored by its expiry on the server's clock) and the stored
-    /// limit; with fencing, the acquire script also gets the semaphore's fencing counter.
+    /// One of at most `limit` permits of a semaphore. Its one key is the semaphore: a
+    /// sorted set of values, each scored by its expiry on the server's clock, and the
+    /// limit in use (see `lua/semaphore/acquire.lua`); with fencing, the acquire script
+    /// also gets the semaphore's fencing counter.
     Permit { limit: u32 },
 }
 

@@ -392,3 +392,62 @@ fn a_frozen_master_costs_a_release_one_failed_call_not_one_per_slot() {
     assert!(asked.ttl().unwrap().is_some());
     asked.release().unwrap();
 }
+
+#[test]
+fn a_semaphore_keeps_every_key_in_one_slot_and_works() {
+    let cluster = RedisCluster::start();
+    let locker = Locker::builder()
+        .pool_size(4)
+        .prefix("app:")
+        .build_cluster(&cluster.urls()[..1])
+        .unwrap();
+    let sem = locker.semaphore("payments", 2).unwrap();
+    let options = LockOptions::default()
+        .ttl(Duration::from_millis(300))
+        .fencing(true)
+        .metadata("w");
+    let first = sem.acquire_with(options.clone()).unwrap();
+    let second = sem.acquire_with(options.clone()).unwrap();
+    assert!(second.fence() > first.fence());
+    assert!(sem.try_acquire().unwrap().is_none(), "both permits held");
+
+    // The semaphore and its counter, both on the master of one slot.
+    let keys = ["app:payments", "app:redguard:fence:{app:payments}"];
+    let slot = RedisCluster::slot(keys[0]);
+    assert!(keys.iter().all(|key| RedisCluster::slot(key) == slot));
+    let owner = cluster.owner_of(slot);
+    for key in keys {
+        let exists: u32 = cluster.query(owner, redis::cmd("EXISTS").arg(key));
+        assert_eq!(exists, 1, "{key} on the master of slot {slot}");
+    }
+
+    thread::sleep(Duration::from_secs(1)); // over three TTLs: refreshed
+    assert!(!first.is_lost() && !second.is_lost());
+    assert_eq!(sem.available().unwrap(), 0);
+    assert_eq!(sem.holders().unwrap().len(), 2);
+    first.release().unwrap();
+    let third = sem
+        .try_acquire_with(options)
+        .unwrap()
+        .expect("a permit free");
+    assert!(third.fence() > second.fence());
+    drop((second, third));
+    assert_eq!(sem.available().unwrap(), 2);
+    assert_eq!(
+        keys_in_cluster(&cluster),
+        1,
+        "only the fencing counter stays"
+    );
+
+    // A name with a stray brace would put the counter in another slot.
+    let stray = locker.semaphore("a}b", 1).unwrap();
+    let fenced = LockOptions::default().fencing(true);
+    assert!(matches!(
+        stray.try_acquire_with(fenced),
+        Err(Error::InvalidInput(_))
+    ));
+    assert!(
+        stray.try_acquire().unwrap().is_some(),
+        "without fencing: one key"
+    );
+}

@@ -1,4 +1,5 @@
-//! README.md's program is `examples/readme.rs`, shown as it is, and it runs.
+//! README.md's program is `examples/readme.rs`, shown as it is, and it runs; so does the
+//! semaphore example README points to.
 
 use std::process::Command;
 
@@ -29,4 +30,22 @@ fn readme_shows_the_readme_example_and_it_runs() {
         String::from_utf8_lossy(&output.stdout),
         "report rebuilt: 385\n"
     );
+}
+
+#[test]
+fn the_semaphore_example_runs_and_never_lets_more_than_three_in() {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap().join("examples");
+    let server = RedisServer::start();
+    let output = Command::new(dir.join("semaphore"))
+        .env("REDIS_URL", server.url())
+        .output()
+        .expect("cargo test builds examples/semaphore.rs");
+    assert!(output.status.success(), "{output:?}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains("at most 3 inside at once (limit 3)"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("(4 inside)"), "{stdout}");
 }

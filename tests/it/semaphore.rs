@@ -159,6 +159,34 @@ fn refresh_and_release_after_expiry_are_lost_and_count_nothing_twice() {
 }
 
 #[test]
+fn a_permit_the_server_has_expired_is_never_revived() {
+    // The server's clock says expired while ours does not: as after a jump of its clock.
+    let server = RedisServer::start();
+    let sem = locker(&server).semaphore("s", 2).unwrap();
+    let auto = sem.acquire().unwrap();
+    let by_hand = sem.acquire_with(manual(Duration::from_secs(30))).unwrap();
+    for permit in [&auto, &by_hand] {
+        server.query::<u32>(&["ZADD", "s", "XX", "1", permit.token()]);
+    }
+    assert!(matches!(
+        by_hand.refresh(Duration::from_secs(30)),
+        Err(Error::LockLost)
+    ));
+    assert!(by_hand.is_lost());
+    assert_eq!(auto.ttl().unwrap(), None);
+    assert_eq!(sem.available().unwrap(), 2);
+    assert!(matches!(auto.release(), Err(Error::LockLost)));
+    let others: Vec<_> = (0..2).map(|_| sem.try_acquire().unwrap()).collect();
+    assert!(others.iter().all(Option::is_some));
+    assert!(matches!(by_hand.release(), Err(Error::LockLost)));
+    assert_eq!(
+        sem.available().unwrap(),
+        0,
+        "a late release gives back nothing"
+    );
+}
+
+#[test]
 fn another_limit_is_refused_while_held_and_accepted_once_free() {
     let server = RedisServer::start();
     let locker = locker(&server);
@@ -384,10 +412,16 @@ fn bad_input_is_refused_and_other_types_are_left_alone() {
     let _guard = locker.lock(&["both"]).unwrap();
     let sem = locker.semaphore("both", 1).unwrap();
     assert!(matches!(sem.try_acquire(), Err(Error::WrongType { .. })));
-    // A limit that is not a number.
-    server.query::<String>(&["SET", "redguard:limit:{bad}", "eight"]);
-    let bad = locker.semaphore("bad", 8).unwrap();
-    assert!(matches!(bad.try_acquire(), Err(Error::WrongType { .. })));
+    // A fencing counter that is not one.
+    server.query::<String>(&["SET", "redguard:fence:{fenced}", "seven"]);
+    let fenced = locker.semaphore("fenced", 8).unwrap();
+    let result = fenced.try_acquire_with(LockOptions::default().fencing(true));
+    assert!(matches!(result, Err(Error::WrongType { .. })), "{result:?}");
+    assert_eq!(
+        server.query::<u32>(&["EXISTS", "fenced"]),
+        0,
+        "nothing taken"
+    );
 }
 
 #[test]
@@ -411,14 +445,10 @@ fn with_a_prefix_every_key_starts_with_it() {
         .unwrap();
     let mut keys: Vec<String> = server.query(&["KEYS", "*"]);
     keys.sort();
-    assert_eq!(
-        keys,
-        [
-            "app:redguard:fence:{app:s}",
-            "app:redguard:limit:{app:s}",
-            "app:s"
-        ]
-    );
+    assert_eq!(keys, ["app:redguard:fence:{app:s}", "app:s"]);
+    // The limit is stored in the semaphore itself, below every expiry.
+    let limit: Vec<String> = server.query(&["ZRANGE", "app:s", "0", "0", "WITHSCORES"]);
+    assert_eq!(limit, ["", "-2"]);
     assert_eq!(permit.semaphore(), "s");
 }
 
