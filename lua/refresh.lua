@@ -24,7 +24,7 @@ end
 -- writes must be replicated as such, which is decided before the first write).
 local now
 if permits then
-  if redis.replicate_commands then
+  if redis.replicate_commands and not redis.REDIS_VERSION_NUM then
     redis.replicate_commands()
   end
   local time = redis.call('time')
@@ -45,10 +45,13 @@ local function refresh_lock(first, last, value, ttl)
 end
 
 local function refresh_permit(holders, value, ttl)
-  -- Another type here must not fail the whole batch: the permit is just not held.
-  if type(redis.pcall('zremrangebyscore', holders, 0, now)) == 'table' then
+  -- Another type here must not fail the whole batch: the permit is just not held; nor is
+  -- it in a sorted set without the limit member (not a semaphore).
+  local limit = redis.pcall('zscore', holders, '')
+  if type(limit) ~= 'string' then
     return 0
   end
+  redis.call('zremrangebyscore', holders, 0, now)
   if not redis.call('zscore', holders, value) then
     return 0
   end

@@ -84,6 +84,9 @@ impl Permit {
     /// # Errors
     /// [`Error::LockLost`](crate::Error::LockLost) when the permit had expired (or was
     /// already known lost): it was not counted any more, and nothing is given back twice.
+    /// Rarely, after the server closed the connection mid-request, the release is sent
+    /// again and reports `LockLost` although the first one had given the permit back: a
+    /// loss is over-reported, never hidden.
     /// [`Error::Redis`](crate::Error::Redis) or [`Error::Pool`](crate::Error::Pool) when
     /// Redis cannot be asked (the permit then expires with its TTL).
     pub fn release(self) -> Result<()> {

@@ -52,8 +52,10 @@ pub const MAX_LIMIT: u32 = 1_000_000;
 /// permit when its TTL runs out, and a waiter told how long that is takes the permit then,
 /// not a retry delay later. There is no separate counter that could drift from the
 /// holders. The key expires with its last holder, and is deleted when the last one gives
-/// its permit back. With fencing, the counter is `redguard:fence:{<name>}`, in the same
-/// Cluster hash slot.
+/// its permit back. With fencing, the counter is that of a lock on the same key (for
+/// `payments` with prefix `app:`, `app:redguard:fence:{app:payments}`), in the same
+/// Cluster hash slot. A sorted set without the limit member is not a semaphore: it is
+/// left untouched, and [`Error::WrongType`] says so.
 ///
 /// A semaphore and a lock of the same name share one Redis key: the second of them to be
 /// used gets [`Error::WrongType`].

@@ -12,7 +12,8 @@
 -- {'kept', a new token}); {'full', ms} when every permit is held, with the time until
 -- the first of them expires; {'limit', stored} when live holders use another limit;
 -- {'wrongtype', key, type} when a key holds something else. Nothing is changed unless
--- the permit is taken (but expired holders are dropped).
+-- the permit is taken (but expired holders are dropped). A sorted set without the limit
+-- member is someone else's: 'wrongtype', and it is left untouched.
 local owner_len, ttl, limit = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[5])
 local fencing = ARGV[4] == '1'
 if not owner_len or owner_len < 1 or owner_len > #ARGV[1] or not ttl or ttl < 1
@@ -20,8 +21,9 @@ if not owner_len or owner_len < 1 or owner_len > #ARGV[1] or not ttl or ttl < 1
   return redis.error_reply('ERR redguard semaphore acquire: bad owner length, ttl, limit or keys')
 end
 -- Before any write: the expiries come from TIME, so the writes must be replicated as
--- such, not as the script (the default from Redis 5, the only way from Redis 7).
-if redis.replicate_commands then
+-- such, not as the script: the default from Redis 5, the only way from Redis 7 (which has
+-- REDIS_VERSION_NUM, and where the call is a costly no-op).
+if redis.replicate_commands and not redis.REDIS_VERSION_NUM then
   redis.replicate_commands()
 end
 local time = redis.call('time')
@@ -40,11 +42,16 @@ local function first(key, what, command, ...)
   end
   return reply
 end
--- Expired holders go; the limit, scored below 0, stays.
-local _, failure = first(KEYS[1], nil, 'zremrangebyscore', 0, now)
+-- Ours, or free: the lowest member of a semaphore is the limit, as minus an integer.
+local lowest, failure = first(KEYS[1], nil, 'zrange', 0, 0, 'withscores')
 if failure then
   return failure
 end
+local stored = lowest[1] == '' and -tonumber(lowest[2])
+if lowest[1] and not (stored and stored >= 1 and stored == math.floor(stored)) then
+  return {'wrongtype', KEYS[1], 'zset, not a semaphore'}
+end
+local count = stored and redis.call('zcard', KEYS[1]) or 0
 if fencing then
   local counter
   counter, failure = first(KEYS[2], 'a fencing counter', 'get')
@@ -56,14 +63,11 @@ if fencing then
     return {'wrongtype', KEYS[2], 'string, not a fencing counter'}
   end
 end
-
-local count = redis.call('zcard', KEYS[1])
-local stored = count > 0 and redis.call('zscore', KEYS[1], '')
-if stored then
-  count = count - 1
-  stored = -tonumber(stored)
+if count > 0 then
+  -- Expired holders go; the limit, scored below 0, stays.
+  count = count - 1 - redis.call('zremrangebyscore', KEYS[1], 0, now)
 end
-if count > 0 and stored and stored ~= limit then
+if count > 0 and stored ~= limit then
   return {'limit', string.format('%.0f', stored)}
 end
 

@@ -6,6 +6,10 @@ local kind = redis.call('type', KEYS[1]).ok
 if kind ~= 'zset' and kind ~= 'none' then
   return {'wrongtype', KEYS[1], kind}
 end
+-- A sorted set without the limit member (see acquire.lua) is not a semaphore.
+if kind == 'zset' and not redis.call('zscore', KEYS[1], '') then
+  return {'wrongtype', KEYS[1], 'zset, not a semaphore'}
+end
 local time = redis.call('time')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 -- Live: expiring after now (see acquire.lua, which drops those at or before now; the limit,

@@ -6,18 +6,23 @@
 -- had expired or was taken away; above that bit, how many listeners the announcement
 -- on ARGV[2] .. KEYS[1] reached. Expired holders are dropped, and the semaphore deleted
 -- with its last holder.
-if redis.replicate_commands then
+if redis.replicate_commands and not redis.REDIS_VERSION_NUM then
   redis.replicate_commands() -- before any write: see acquire.lua
 end
 local time = redis.call('time')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-local pruned = redis.pcall('zremrangebyscore', KEYS[1], 0, now)
-if type(pruned) == 'table' and pruned.err then
-  if string.find(pruned.err, '^WRONGTYPE') then
+-- Only a semaphore (a sorted set with the limit member, see acquire.lua) is ours.
+local limit = redis.pcall('zscore', KEYS[1], '')
+if type(limit) == 'table' and limit.err then
+  if string.find(limit.err, '^WRONGTYPE') then
     return 0 -- another type: nothing of ours here
   end
-  return pruned
+  return limit
 end
+if not limit then
+  return 0
+end
+redis.call('zremrangebyscore', KEYS[1], 0, now)
 local held = redis.call('zrem', KEYS[1], ARGV[1])
 local last = redis.call('zrange', KEYS[1], -1, -1, 'withscores')
 if last[1] and last[1] ~= '' then

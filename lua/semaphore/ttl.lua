@@ -1,7 +1,8 @@
 -- semaphore/ttl.lua: how long a permit has left.
 -- KEYS[1]: the semaphore (see acquire.lua). ARGV[1]: the permit's value.
 -- Returns the ms left on the server's clock, or -2 when the permit is not held.
-if redis.call('type', KEYS[1]).ok ~= 'zset' then
+-- Only a semaphore (a sorted set with the limit member, see acquire.lua) holds permits.
+if redis.call('type', KEYS[1]).ok ~= 'zset' or not redis.call('zscore', KEYS[1], '') then
   return -2
 end
 local expiry = redis.call('zscore', KEYS[1], ARGV[1])

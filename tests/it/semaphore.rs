@@ -29,6 +29,40 @@ fn invalid<T: std::fmt::Debug>(result: redguard::Result<T>) -> String {
 }
 
 #[test]
+fn the_types_are_send_and_sync_as_promised() {
+    fn send_sync<T: Clone + Send + Sync + 'static>() {}
+    fn send<T: Send + 'static>() {}
+    send_sync::<Semaphore>();
+    send::<redguard::Permit>();
+    send_sync::<redguard::Holder>();
+}
+
+#[test]
+fn a_sorted_set_that_is_not_a_semaphore_is_refused_and_left_alone() {
+    let server = RedisServer::start();
+    let locker = locker(&server);
+    server.query::<u32>(&["ZADD", "board", "100", "alice", "1700000000", "bob"]);
+    let before: Vec<String> = server.query(&["ZRANGE", "board", "0", "-1", "WITHSCORES"]);
+    let sem = locker.semaphore("board", 2).unwrap();
+    for result in [
+        sem.try_acquire().map(|_| ()),
+        sem.available().map(|_| ()),
+        sem.holders().map(|_| ()),
+    ] {
+        match result {
+            Err(Error::WrongType { key, kind }) => {
+                assert_eq!(key, "board");
+                assert_eq!(kind, "zset, not a semaphore");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    let after: Vec<String> = server.query(&["ZRANGE", "board", "0", "-1", "WITHSCORES"]);
+    assert_eq!(before, after);
+    assert_eq!(server.query::<i64>(&["PTTL", "board"]), -1, "no TTL given");
+}
+
+#[test]
 fn never_more_than_the_limit_inside_and_everyone_gets_in() {
     const LIMIT: usize = 3;
     let server = RedisServer::start();
@@ -123,7 +157,7 @@ fn a_dead_holders_permit_is_taken_once_its_ttl_passes_without_waiting_a_retry_de
         "got in after {waited:?}, before the dead holder expired"
     );
     assert!(
-        waited < ttl + Duration::from_millis(400),
+        waited < ttl + Duration::from_secs(1),
         "got in after {waited:?}: not woken by the expiry"
     );
     assert_eq!(sem.holders().unwrap().len(), 1);
@@ -162,10 +196,13 @@ fn refresh_and_release_after_expiry_are_lost_and_count_nothing_twice() {
 fn a_permit_the_server_has_expired_is_never_revived() {
     // The server's clock says expired while ours does not: as after a jump of its clock.
     let server = RedisServer::start();
-    let sem = locker(&server).semaphore("s", 2).unwrap();
-    let auto = sem.acquire().unwrap();
+    let sem = locker(&server).semaphore("s", 3).unwrap();
+    let auto = sem
+        .acquire_with(LockOptions::default().ttl(Duration::from_millis(600)))
+        .unwrap();
     let by_hand = sem.acquire_with(manual(Duration::from_secs(30))).unwrap();
-    for permit in [&auto, &by_hand] {
+    let asked = sem.acquire_with(manual(Duration::from_secs(30))).unwrap();
+    for permit in [&auto, &by_hand, &asked] {
         server.query::<u32>(&["ZADD", "s", "XX", "1", permit.token()]);
     }
     assert!(matches!(
@@ -173,10 +210,20 @@ fn a_permit_the_server_has_expired_is_never_revived() {
         Err(Error::LockLost)
     ));
     assert!(by_hand.is_lost());
-    assert_eq!(auto.ttl().unwrap(), None);
-    assert_eq!(sem.available().unwrap(), 2);
+    assert_eq!(asked.ttl().unwrap(), None);
+    assert!(asked.is_lost());
+    // The refresher's batch finds it gone too (first refresh at 200 ms), and writes nothing.
+    eventually(
+        Duration::from_secs(2),
+        "the refresher finds it gone",
+        || auto.is_lost(),
+    );
+    let score: Option<String> = server.query(&["ZSCORE", "s", auto.token()]);
+    assert_eq!(score, None, "not revived");
+    assert_eq!(sem.available().unwrap(), 3);
     assert!(matches!(auto.release(), Err(Error::LockLost)));
-    let others: Vec<_> = (0..2).map(|_| sem.try_acquire().unwrap()).collect();
+    drop(asked);
+    let others: Vec<_> = (0..3).map(|_| sem.try_acquire().unwrap()).collect();
     assert!(others.iter().all(Option::is_some));
     assert!(matches!(by_hand.release(), Err(Error::LockLost)));
     assert_eq!(
@@ -279,17 +326,17 @@ fn fencing_numbers_rise_with_every_permit() {
 fn a_release_wakes_waiters_of_this_locker_and_of_others_at_once() {
     let server = RedisServer::start();
     let here = locker(&server);
-    let sem = here.semaphore("s", 1).unwrap();
-    for waiter_locker in [here.clone(), locker(&server)] {
+    for (name, waiter_locker) in [("mine", here.clone()), ("theirs", locker(&server))] {
+        let sem = here.semaphore(name, 1).unwrap();
         let held = sem.acquire().unwrap();
-        let waiter_sem = waiter_locker.semaphore("s", 1).unwrap();
+        let waiter_sem = waiter_locker.semaphore(name, 1).unwrap();
         let waiter = thread::spawn(move || {
             let permit = waiter_sem.acquire_with(sleepy()).unwrap();
             (Instant::now(), permit)
         });
         // The waiter has tried once and sleeps for its 30 s delay.
         eventually(Duration::from_secs(5), "the waiter subscribes", || {
-            server.subscribers("redguard:released:s") > 0
+            server.subscribers(&format!("redguard:released:{name}")) > 0
         });
         thread::sleep(Duration::from_millis(50));
         let released = Instant::now();
@@ -333,7 +380,9 @@ fn threads_of_one_locker_each_get_a_free_permit_in_turn() {
 fn auto_refresh_keeps_permits_alive_in_the_same_round_trips_as_locks() {
     let server = RedisServer::start();
     let locker = Locker::builder().pool_size(4).build(server.url()).unwrap();
-    let ttl = Duration::from_millis(600);
+    // Long enough that all 100 holds are taken within a quarter of it, even on a loaded
+    // machine: then they share every refresh from the first on.
+    let ttl = Duration::from_millis(1500);
     let options = LockOptions::default().ttl(ttl);
     let sems: Vec<Semaphore> = (0..10)
         .map(|i| locker.semaphore(&format!("s{i}"), 10).unwrap())
@@ -349,18 +398,18 @@ fn auto_refresh_keeps_permits_alive_in_the_same_round_trips_as_locks() {
         })
         .collect();
     let calls = server.evalsha_calls();
-    thread::sleep(Duration::from_secs(2)); // over three TTLs
+    thread::sleep(Duration::from_secs(3)); // two TTLs
     assert!(
         permits
             .iter()
             .all(|p| !p.is_lost() && p.ttl().unwrap().is_some())
     );
     assert!(guards.iter().all(|g| !g.is_lost()));
-    // A refresh every ~200 ms (a third of the TTL), each one script call for all 100.
+    // A refresh every ~500 ms (a third of the TTL), each one script call for all 100.
     let rounds = server.evalsha_calls() - calls - 50; // less the ttl() calls above
     assert!(
-        (5..=15).contains(&rounds),
-        "{rounds} refresh round trips in 2 s"
+        (3..=12).contains(&rounds),
+        "{rounds} refresh round trips in 3 s"
     );
     assert!(sems.iter().all(|s| s.available().unwrap() == 5));
 }
@@ -456,12 +505,17 @@ fn with_a_prefix_every_key_starts_with_it() {
 fn a_paused_server_gives_errors_in_time_and_a_restart_loses_the_permits() {
     let mut server = RedisServer::start();
     let locker = tight().build(server.url()).unwrap();
-    let sem = locker.semaphore("s", 2).unwrap();
+    let sem = locker.semaphore("s", 3).unwrap();
     let kept = sem.acquire_with(manual(Duration::from_secs(30))).unwrap();
     let refreshed = sem
         .acquire_with(LockOptions::default().ttl(Duration::from_secs(1)))
         .unwrap();
+    let dropped = sem.acquire().unwrap();
     server.pause();
+    let started = Instant::now();
+    drop(dropped); // bounded, and no panic
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(3), "drop took {took:?}");
     let started = Instant::now();
     assert!(matches!(
         sem.try_acquire(),
@@ -477,7 +531,8 @@ fn a_paused_server_gives_errors_in_time_and_a_restart_loses_the_permits() {
         started.elapsed()
     );
     server.resume();
-    assert_eq!(sem.available().unwrap(), 0);
+    // Answering again (the release the drop sent may run now, or not: 0 or 1 free).
+    assert!(sem.available().unwrap() <= 1);
 
     server.restart(); // in memory only: the permits are gone
     assert!(matches!(
@@ -489,5 +544,5 @@ fn a_paused_server_gives_errors_in_time_and_a_restart_loses_the_permits() {
         "the refresher finds it gone",
         || refreshed.is_lost(),
     );
-    assert_eq!(sem.available().unwrap(), 2);
+    assert_eq!(sem.available().unwrap(), 3);
 }
