@@ -3,13 +3,18 @@
 -- ARGV[1]: the value to store (owner .. metadata); ARGV[2]: the owner part's length in
 -- bytes (a random token, or a fixed one as '<length>:<token>': never the start of another);
 -- ARGV[3]: the TTL in milliseconds; ARGV[4]: '1' for fencing tokens, else '0'; ARGV[5],
--- for a hand-over only: the releasing guard's value, which every key must still hold, and
--- which ours then replaces (a fresh acquisition: new fencing tokens).
+-- for a hand-over only (else ''): the releasing guard's value, which every key must still
+-- hold, and which ours then replaces (a fresh acquisition: new fencing tokens); ARGV[6]:
+-- '1' when the caller waits if the keys are held: a key shared by readers (see
+-- read/acquire.lua) then records its intent, which new readers wait behind.
 -- Returns 1 when every key is now ours (with fencing: {'fences', token per key}), 2 when
 -- they already were, re-obtained by the same owner (with fencing: {'kept', token per
--- key}), 0 when another owner holds one of them, and {'wrongtype', key, type} when a key
--- (or a counter) holds another Redis type (or, for a hand-over, 0 when some key no
--- longer holds the releasing guard's value). Nothing is changed unless every key is ours.
+-- key}), 0 when another owner or live readers hold one of them ({'readers', ms} when
+-- readers do and our intent was recorded: ms until the last of them expires), and
+-- {'wrongtype', key,
+-- type} when a key (or a counter) holds another Redis type (or, for a hand-over, 0 when
+-- some key no longer holds the releasing guard's value). Nothing is changed unless every
+-- key is ours (but expired readers and intents are dropped, and intents recorded).
 local owner_len, ttl = tonumber(ARGV[2]), tonumber(ARGV[3])
 local fencing = ARGV[4] == '1'
 local n = fencing and #KEYS / 2 or #KEYS
@@ -50,7 +55,7 @@ for i = 1, n do
   args[2 * i] = ARGV[1]
 end
 
-local over = ARGV[5]
+local over = ARGV[5] ~= '' and ARGV[5]
 local fresh
 if over then
   -- A hand-over: only from the releasing guard, on every key, to us.
@@ -66,22 +71,71 @@ else
   fresh = redis.call('msetnx', unpack(args)) == 1
 end
 if not fresh then
-  -- Some key exists. Never overwrite a value of another type.
+  -- Some key exists: held by an owner (a string), shared by readers (a sorted set of
+  -- theirs, see read/acquire.lua), or of another type, which is never overwritten.
+  local now, shared, unread, owner = nil, {}, {}, string.sub(ARGV[1], 1, owner_len)
+  local taken, mine = false, 0
   for i = 1, n do
     local kind = redis.call('type', KEYS[i]).ok
-    if kind ~= 'string' and kind ~= 'none' then
+    if kind == 'zset' then
+      if redis.call('zscore', KEYS[i], '') ~= '0' then
+        return {'wrongtype', KEYS[i], 'zset, not a read lock'}
+      end
+      if not now then
+        local time = redis.call('time')
+        now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+      end
+      -- Readers are scored by their expiry, intents by minus theirs: drop the expired.
+      redis.call('zremrangebyscore', KEYS[i], '(0', now)
+      redis.call('zremrangebyscore', KEYS[i], -now, '(0')
+      if redis.call('zcount', KEYS[i], '(0', '+inf') > 0 then
+        shared[#shared + 1] = KEYS[i]
+      else
+        unread[#unread + 1] = KEYS[i] -- no reader left: a writer may take it
+      end
+    elseif kind == 'string' then
+      -- The same owner may re-obtain its own keys. Owner parts are self-delimiting, so a
+      -- value that starts with ours is exactly our owner's.
+      if redis.call('getrange', KEYS[i], 0, owner_len - 1) == owner then
+        mine = mine + 1
+      else
+        taken = true
+      end
+    elseif kind ~= 'none' then
       return {'wrongtype', KEYS[i], kind}
     end
   end
-  -- The same owner may re-obtain its own keys, all of them or none. Owner parts are
-  -- self-delimiting, so a value that starts with ours is exactly our owner's.
-  local owner = string.sub(ARGV[1], 1, owner_len)
-  for i = 1, n do
-    if redis.call('getrange', KEYS[i], 0, owner_len - 1) ~= owner then
-      return 0
+  if taken or #shared > 0 then
+    -- Held: by readers, who see our intent from now on (if we wait), or by another owner.
+    if ARGV[6] == '1' and #shared > 0 then
+      local intent = '!' .. ARGV[1]
+      local expiry = string.format('%.0f', -(now + tonumber(ARGV[3])))
+      local readers_end = now
+      for _, key in ipairs(shared) do
+        redis.call('zadd', key, expiry, intent)
+        -- The key lives as long as its last reader or intent.
+        local last = tonumber(redis.call('zrange', key, -1, -1, 'withscores')[2])
+        local first = tonumber(redis.call('zrange', key, 0, 0, 'withscores')[2])
+        redis.call('pexpireat', key, string.format('%.0f', math.max(last, -first)))
+        readers_end = math.max(readers_end, last)
+      end
+      -- When the last of these readers expires, should none of them release.
+      return {'readers', math.max(1, readers_end - now)}
     end
+    return 0
   end
-  redis.call('mset', unpack(args))
+  if #unread > 0 then
+    -- No reader left on these keys: they are free, as the others may be.
+    redis.call('del', unpack(unread))
+    fresh = redis.call('msetnx', unpack(args)) == 1
+    if not fresh then
+      return 0 -- some other key is our own: a re-obtain is of all the keys or none
+    end
+  elseif mine == n then
+    redis.call('mset', unpack(args)) -- re-obtained, all of them
+  else
+    return 0 -- some keys ours, others free: all or none
+  end
 end
 
 for i = 1, n do

@@ -1,16 +1,19 @@
--- refresh.lua: extend the TTL of a batch of holds, locks and permits alike, each only if
+-- refresh.lua: extend the TTL of a batch of holds (locks, permits, shared holds), each only if
 -- it is still held. One call refreshes the whole batch: one reply, one round trip.
 -- KEYS: the keys of every hold, one hold after another.
 -- ARGV: three per hold: its shape, its value (owner .. metadata), the new TTL in ms. The
 -- shape of a lock is its number of keys, each a string that must hold the value; 'p' is a
--- semaphore permit, whose one key is its semaphore (see semaphore/acquire.lua).
+-- semaphore permit, whose one key is its semaphore (see semaphore/acquire.lua); 'r' and a
+-- number is a shared hold of that many keys (see read/acquire.lua).
 -- Returns one integer per hold: 1 when refreshed, 0 when no longer held (left untouched:
 -- an expired permit is never revived).
-local total, permits = 0, false
+local total, timed = 0, false
 for i = 1, #ARGV, 3 do
   local shape, ttl = ARGV[i], tonumber(ARGV[i + 2])
-  local count = shape == 'p' and 1 or tonumber(shape)
-  permits = permits or shape == 'p'
+  local kind = string.sub(shape, 1, 1)
+  local count = (kind == 'p' and 1) or (kind == 'r' and tonumber(string.sub(shape, 2)))
+    or tonumber(shape)
+  timed = timed or kind == 'p' or kind == 'r'
   if not count or count < 1 or not ttl or ttl < 1 then
     return redis.error_reply('ERR redguard refresh: bad key count or ttl')
   end
@@ -23,7 +26,7 @@ end
 -- Permits expire on this server's clock (see semaphore/acquire.lua, also for why the
 -- writes must be replicated as such, which is decided before the first write).
 local now
-if permits then
+if timed then
   if redis.replicate_commands and not redis.REDIS_VERSION_NUM then
     redis.replicate_commands()
   end
@@ -62,6 +65,25 @@ local function refresh_permit(holders, value, ttl)
   return 1
 end
 
+local function refresh_read(first, last, value, ttl)
+  -- Every key must still be shared by us, live on the server's clock.
+  for j = first, last do
+    local ours = redis.pcall('zscore', KEYS[j], '') == '0'
+    local expiry = ours and redis.call('zscore', KEYS[j], value)
+    if not expiry or tonumber(expiry) <= now then
+      return 0
+    end
+  end
+  local expiry = string.format('%.0f', now + tonumber(ttl))
+  for j = first, last do
+    redis.call('zadd', KEYS[j], 'XX', expiry, value)
+    local newest = tonumber(redis.call('zrange', KEYS[j], -1, -1, 'withscores')[2])
+    local oldest = tonumber(redis.call('zrange', KEYS[j], 0, 0, 'withscores')[2])
+    redis.call('pexpireat', KEYS[j], string.format('%.0f', math.max(newest, -oldest)))
+  end
+  return 1
+end
+
 local results = {}
 local first = 1
 for i = 1, #ARGV, 3 do
@@ -69,6 +91,10 @@ for i = 1, #ARGV, 3 do
   if shape == 'p' then
     results[#results + 1] = refresh_permit(KEYS[first], value, ttl)
     first = first + 1
+  elseif string.sub(shape, 1, 1) == 'r' then
+    local last = first + tonumber(string.sub(shape, 2)) - 1
+    results[#results + 1] = refresh_read(first, last, value, ttl)
+    first = last + 1
   else
     local last = first + tonumber(shape) - 1
     results[#results + 1] = refresh_lock(first, last, value, ttl)

@@ -1,8 +1,8 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::Result;
 use crate::hold::Holding;
+use crate::{ReadGuard, Result};
 
 /// A held lock on one or more keys, released when dropped.
 ///
@@ -107,6 +107,32 @@ impl LockGuard {
     /// expire with their TTL).
     pub fn release(self) -> Result<()> {
         self.holding.release()
+    }
+
+    /// Turns this lock into a shared hold of the same keys (a read lock), in one atomic
+    /// step: no other lock can take the keys in between, and readers that wait may enter
+    /// at once. The reader keeps the token, metadata, fences, TTL and auto-refresh. There
+    /// is no upgrade back.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), redguard::Error> {
+    /// let locker = redguard::Locker::connect("redis://127.0.0.1/")?;
+    /// let writing = locker.lock(&["config"])?;
+    /// // ... write the config ...
+    /// let reading = writing.downgrade()?; // others may read it now; no one writes
+    /// // ... go on reading it ...
+    /// # drop(reading);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::LockLost`](crate::Error::LockLost) when the lock was no longer held;
+    /// [`Error::InvalidInput`](crate::Error::InvalidInput) for a lock across cluster slots
+    /// or on a quorum of servers (no read locks there); [`Error::Redis`](crate::Error::Redis)
+    /// or [`Error::Pool`](crate::Error::Pool) when Redis cannot be asked (the lock is then
+    /// released as on drop).
+    pub fn downgrade(self) -> Result<ReadGuard> {
+        self.holding.downgrade().map(ReadGuard::new)
     }
 }
 

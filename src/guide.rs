@@ -4,6 +4,9 @@
 #[doc = include_str!("../docs/semantics.md")]
 pub mod semantics {}
 
+#[doc = include_str!("../docs/read_locks.md")]
+pub mod read_locks {}
+
 #[doc = include_str!("../docs/semaphores.md")]
 pub mod semaphores {}
 

@@ -52,6 +52,24 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Read locks
+//! [`Locker::read`] gives a [`ReadGuard`]: a shared hold of keys, all or nothing, with any
+//! number of other readers; [`Locker::lock`] of those keys waits until the last reader has
+//! left, and new readers wait behind a lock that waits (writers first). A lock can
+//! [`downgrade`](LockGuard::downgrade) to a read lock. See [read locks](guide::read_locks).
+//!
+//! ```no_run
+//! # fn main() -> Result<(), redguard::Error> {
+//! let locker = redguard::Locker::connect("redis://127.0.0.1/")?;
+//! let reading = locker.read(&["config"])?;   // shared
+//! if locker.try_lock(&["config"])?.is_none() { /* excluded while read */ }
+//! drop(reading);
+//! let writing = locker.lock(&["config"])?;   // exclusive
+//! let reading = writing.downgrade()?;        // shared again, in one step
+//! # drop(reading);
+//! # Ok(()) }
+//! ```
+//!
 //! # Semaphores
 //! [`Locker::semaphore`] gives a [`Semaphore`]: at most N holders of a name at once, each
 //! holding a [`Permit`], an RAII guard kept alive by the same refresher thread and woken
@@ -82,7 +100,7 @@
 //! third of their TTL, in one script call (one round trip) per wake-up, and marks a guard
 //! lost when its lock is gone. Waiters are woken by a publish on release. The whole
 //! story is in the [guide]: [semantics](guide::semantics),
-//! [semaphores](guide::semaphores), [fencing](guide::fencing),
+//! [read locks](guide::read_locks), [semaphores](guide::semaphores), [fencing](guide::fencing),
 //! [security](guide::security), [scaling out](guide::scaling_out) (Redlock, Cluster) and
 //! [performance](guide::performance).
 //!
@@ -137,9 +155,10 @@ mod builder; // LockerBuilder: pool, timeouts, prefix, TLS; builds on one server
 mod error; // Error: held elsewhere, lost, bad input, wrong type, Redis unavailable
 mod guard; // LockGuard: a held lock; refresh, ttl, release, released on drop
 mod holder; // Holder: what anyone may see of a live hold (metadata, TTL)
-mod locker; // Locker: lock, try_lock, lock_with, semaphore
+mod locker; // Locker: lock, try_lock, lock_with, read, try_read, read_with, semaphore
 mod options; // LockOptions, and the checks of keys, TTLs and tokens
 mod permit; // Permit: a held permit of a semaphore, given back on drop
+mod read_guard; // ReadGuard: a shared hold of keys (a read lock), given up on drop
 mod retry; // Retry: the delays between attempts
 mod semaphore; // Semaphore: at most N holders of a name; acquire, available, holders
 
@@ -148,7 +167,7 @@ mod backend; // how a request reaches Redis: scripts, pools, one server, quorum,
 mod hold; // any hold (lock, permit): the waiting loop, its state, token, refresher thread
 mod wait; // waiters woken by releases: the subscriber thread and its board
 
-pub mod guide; // the manual (docs/*.md): semantics, semaphores, fencing, security, scaling out, performance
+pub mod guide; // the manual (docs/*.md): semantics, read locks, semaphores, fencing, security, scaling out, performance
 
 pub use backend::SocketTimeouts;
 pub use builder::LockerBuilder;
@@ -158,5 +177,6 @@ pub use holder::Holder;
 pub use locker::Locker;
 pub use options::{LockOptions, MAX_KEYS, MAX_TTL};
 pub use permit::Permit;
+pub use read_guard::ReadGuard;
 pub use retry::{Delays, Retry};
 pub use semaphore::{MAX_LIMIT, Semaphore};

@@ -196,6 +196,12 @@ impl Locker {
         options: LockOptions,
         no_quorum: impl Fn() -> Error,
     ) -> Result<LockGuard> {
+        let request = self.request(Kind::Lock, keys)?;
+        obtain(&self.shared, request, options, no_quorum).map(LockGuard::new)
+    }
+
+    /// A request for a hold of `kind` on `keys`, checked, as Redis knows them.
+    pub(crate) fn request<K: AsRef<str>>(&self, kind: Kind, keys: &[K]) -> Result<Request> {
         let names = checked_keys(keys)?;
         let prefix = self.shared.prefix.as_str();
         // The keys as Redis knows them; the caller's names are kept only when they differ.
@@ -207,12 +213,11 @@ impl Locker {
                 Some(names),
             )
         };
-        let request = Request {
-            kind: Kind::Lock,
-            keys,
-            names,
-        };
-        obtain(&self.shared, request, options, no_quorum).map(LockGuard::new)
+        Ok(Request { kind, keys, names })
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
     }
 }
 

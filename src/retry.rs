@@ -37,6 +37,11 @@ impl Retry {
         }
     }
 
+    /// Whether an attempt that finds the keys held may be followed by another.
+    pub(crate) fn waits(&self) -> bool {
+        self.kind != Kind::None && self.limit != Some(0)
+    }
+
     /// Wait the same `interval` before every retry.
     pub fn linear(interval: Duration) -> Self {
         Retry {

@@ -53,6 +53,9 @@ impl Backend {
         if let Kind::Permit { .. } = kind {
             return self.supports_permits(keys, prefix, options.fencing);
         }
+        if kind == Kind::Read {
+            return self.supports_reads(keys, names, prefix, options);
+        }
         match self {
             Backend::Single(_) => Ok(()),
             Backend::Quorum(_) if options.fencing => Err(Error::InvalidInput(
@@ -85,6 +88,33 @@ impl Backend {
                     .into(),
             )),
             Backend::Cluster(..) => cluster::check_semaphore_slot(keys, prefix, fencing),
+        }
+    }
+
+    /// Refuses, before any round trip, a shared hold of `keys` this backend cannot give: on
+    /// a quorum, and on a cluster across slots.
+    fn supports_reads(
+        &self,
+        keys: &[String],
+        names: Option<&[String]>,
+        prefix: &str,
+        options: &LockOptions,
+    ) -> Result<()> {
+        match self {
+            Backend::Single(_) => Ok(()),
+            Backend::Quorum(_) => Err(Error::InvalidInput(
+                "read locks need one server or a cluster: on a quorum of independent \
+                 servers, readers and writers could each win a different majority"
+                    .into(),
+            )),
+            Backend::Cluster(..) => {
+                // One script per read lock: never across slots.
+                let in_one_slot = LockOptions {
+                    across_slots: false,
+                    ..options.clone()
+                };
+                cluster::check_slots(keys, names.unwrap_or(keys), prefix, &in_one_slot)
+            }
         }
     }
 
@@ -206,6 +236,43 @@ impl Backend {
             Backend::Single(pool) => pool.run(|con| scripts::ttl(con, kind, keys, value)),
             Backend::Quorum(quorum) => quorum.ttl(kind, keys, value),
             Backend::Cluster(cluster, _) => cluster.ttl(kind, keys, value),
+        }
+    }
+
+    /// Takes back a waiting lock's intent on the keys readers share (best effort: it
+    /// expires with the lock's TTL anyway).
+    pub(crate) fn withdraw(&self, keys: &[String], value: &str, channels: &str) -> Result<()> {
+        match self {
+            Backend::Single(pool) => pool.run(|con| scripts::withdraw(con, keys, value, channels)),
+            Backend::Cluster(cluster, _) => {
+                for (_, keys) in slot::by_slot(keys) {
+                    cluster.run(|con| scripts::withdraw(con, &keys, value, channels))?;
+                }
+                Ok(())
+            }
+            Backend::Quorum(_) => Ok(()), // no read locks there
+        }
+    }
+
+    /// Turns the lock `value` holds on `keys` into a shared hold, in one step (one slot).
+    pub(crate) fn downgrade(
+        &self,
+        keys: &[String],
+        value: &str,
+        ttl_ms: u64,
+        channels: &str,
+    ) -> Result<Released> {
+        let one_slot = slot::by_slot(keys).len() == 1;
+        match self {
+            Backend::Single(pool) => {
+                pool.run(|con| scripts::downgrade(con, keys, value, ttl_ms, channels))
+            }
+            Backend::Cluster(cluster, _) if one_slot => {
+                cluster.run(|con| scripts::downgrade(con, keys, value, ttl_ms, channels))
+            }
+            Backend::Cluster(..) | Backend::Quorum(_) => Err(Error::InvalidInput(
+                "a downgrade needs the lock on one server, or in one cluster hash slot".into(),
+            )),
         }
     }
 

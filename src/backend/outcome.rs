@@ -12,6 +12,10 @@ pub(crate) enum Acquired {
     Yes { fences: Vec<u64>, fresh: bool },
     /// Another owner holds at least one key; nothing was changed.
     HeldElsewhere,
+    /// Readers share at least one key, and this waiting lock's intent is recorded there:
+    /// new readers wait behind it until it is withdrawn, taken, or expires. The last of
+    /// those readers expires in `retry_in`, unless refreshed.
+    BehindReaders { retry_in: Duration },
     /// On a quorum: some nodes were free but not a majority (a release still on its way
     /// to the others, another owner taking them at the same time, or a node that lost its
     /// keys); what was taken has been taken back.
@@ -21,8 +25,10 @@ pub(crate) enum Acquired {
     NoQuorum,
     /// `key` holds a Redis `kind` other than a string; nothing was changed.
     WrongType { key: String, kind: String },
-    /// A semaphore's every permit is held; the first of them expires in `retry_in`.
-    Full { retry_in: Duration },
+    /// Held by holders that may die without a release to hear: a semaphore's every permit
+    /// (the first expires in `retry_in`), or a key a read lock waits for (what holds it
+    /// expires in `retry_in`), unless refreshed; nothing was changed.
+    Busy { retry_in: Duration },
     /// A semaphore's live holders use this other limit; nothing was taken.
     OtherLimit { limit: u32 },
 }

@@ -1,4 +1,5 @@
-//! The Lua scripts in `lua/` (locks) and `lua/semaphore/` (permits), and typed calls to them.
+//! The Lua scripts in `lua/` (locks), `lua/semaphore/` (permits) and `lua/read/` (shared
+//! holds), and typed calls to them.
 //!
 //! Each call is one round trip: EVALSHA, or, when the server answers NOSCRIPT (after a
 //! restart or SCRIPT FLUSH), EVAL with the script's text, which also caches it there.
@@ -42,6 +43,15 @@ static PERMIT_TTL: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("../../lua/semaphore/ttl.lua")));
 static HOLDERS: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("../../lua/semaphore/holders.lua")));
+static READ_ACQUIRE: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("../../lua/read/acquire.lua")));
+static READ_RELEASE: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("../../lua/read/release.lua")));
+static READ_TTL: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../../lua/read/ttl.lua")));
+static WITHDRAW: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("../../lua/read/withdraw.lua")));
+static DOWNGRADE: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("../../lua/read/downgrade.lua")));
 
 /// One script call, ready to send: the EVALSHA, and the script's text should the server
 /// not know it.
@@ -170,9 +180,11 @@ pub(crate) fn acquire_call(attempt: &Attempt<'_>) -> Call {
     let mut args = vec![attempt.value, &owner_len, &ttl_ms, fencing];
     match attempt.kind {
         Kind::Lock => {
-            args.extend(attempt.over);
+            args.push(attempt.over.unwrap_or_default());
+            args.push(if attempt.waits { "1" } else { "0" });
             Call::new(&ACQUIRE, &keys, &args)
         }
+        Kind::Read => Call::new(&READ_ACQUIRE, &keys, &[attempt.value, &ttl_ms, fencing]),
         Kind::Permit { limit } => {
             let limit = limit.to_string();
             args.extend([limit.as_str(), if attempt.fixed_token { "1" } else { "0" }]);
@@ -207,7 +219,18 @@ pub(crate) fn parse_acquired(reply: Value) -> RedisResult<Acquired> {
                     fresh: tag == b"fences",
                 }
             }
-            [Value::BulkString(tag), ms] if tag == b"full" => Acquired::Full {
+            // A shared hold's counters as they are: 0 where no lock took one yet.
+            [Value::BulkString(tag), fences @ ..] if tag == b"read" => Acquired::Yes {
+                fences: fences
+                    .iter()
+                    .map(|fence| Ok(redis::from_redis_value_ref::<u64>(fence)?))
+                    .collect::<RedisResult<_>>()?,
+                fresh: true,
+            },
+            [Value::BulkString(tag), ms] if tag == b"full" || tag == b"busy" => Acquired::Busy {
+                retry_in: Duration::from_millis(redis::from_redis_value_ref(ms)?),
+            },
+            [Value::BulkString(tag), ms] if tag == b"readers" => Acquired::BehindReaders {
                 retry_in: Duration::from_millis(redis::from_redis_value_ref(ms)?),
             },
             [Value::BulkString(tag), limit] if tag == b"limit" => Acquired::OtherLimit {
@@ -246,6 +269,9 @@ pub(crate) struct Attempt<'a> {
     /// For a hand-over: the releasing guard's value, which every key must still hold and
     /// which this one replaces.
     pub(crate) over: Option<&'a str>,
+    /// Whether the caller waits when the keys are held: a lock then records its intent on
+    /// keys that readers share (see `lua/acquire.lua`).
+    pub(crate) waits: bool,
 }
 
 /// One hold for [`refresh`]: its kind, keys, value and the TTL to set.
@@ -282,6 +308,7 @@ pub(crate) fn refresh_call(locks: &[Refresh<'_>]) -> Call {
             let shape = match lock.kind {
                 Kind::Lock => lock.keys.len().to_string(),
                 Kind::Permit { .. } => "p".to_string(),
+                Kind::Read => format!("r{}", lock.keys.len()),
             };
             (shape, lock.ttl_ms.to_string())
         })
@@ -334,6 +361,7 @@ pub(crate) fn release_call(kind: Kind, keys: &[String], value: &str, channels: &
     let script = match kind {
         Kind::Lock => &RELEASE,
         Kind::Permit { .. } => &PERMIT_RELEASE,
+        Kind::Read => &READ_RELEASE,
     };
     Call::new(script, &keys, &[value, channels])
 }
@@ -353,6 +381,7 @@ pub(crate) fn ttl_call(kind: Kind, keys: &[String], value: &str) -> Call {
     let script = match kind {
         Kind::Lock => &TTL,
         Kind::Permit { .. } => &PERMIT_TTL,
+        Kind::Read => &READ_TTL,
     };
     let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
     Call::new(script, &keys, &[value])
@@ -420,4 +449,32 @@ pub(crate) enum Holders {
     WrongType {
         kind: String,
     },
+}
+
+/// Takes back the intent a writer with `value` recorded on those of `keys` that readers
+/// share (see `lua/read/withdraw.lua`), announcing each on `channels` + key.
+pub(crate) fn withdraw(
+    con: &mut dyn ConnectionLike,
+    keys: &[String],
+    value: &str,
+    channels: &str,
+) -> RedisResult<()> {
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    Call::new(&WITHDRAW, &keys, &[value, channels])
+        .run(con)
+        .map(drop)
+}
+
+/// Turns the lock `value` holds on `keys` into a shared hold with `ttl_ms`, in one step
+/// (see `lua/read/downgrade.lua`); not `held` when some key no longer held the lock.
+pub(crate) fn downgrade(
+    con: &mut dyn ConnectionLike,
+    keys: &[String],
+    value: &str,
+    ttl_ms: u64,
+    channels: &str,
+) -> RedisResult<Released> {
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let ttl_ms = ttl_ms.to_string();
+    parse_released(Call::new(&DOWNGRADE, &keys, &[value, &ttl_ms, channels]).run(con)?)
 }

@@ -16,6 +16,9 @@ pub(crate) enum Kind {
     /// limit in use (see `lua/semaphore/acquire.lua`); with fencing, the acquire script
     /// also gets the semaphore's fencing counter.
     Permit { limit: u32 },
+    /// A shared hold of every key (a read lock): each key a sorted set of its readers and
+    /// of the intents of writers that wait for it (see `lua/read/acquire.lua`).
+    Read,
 }
 
 pub(crate) struct Held {
@@ -114,6 +117,20 @@ impl Held {
             timing: Mutex::new(timing),
             lost: AtomicBool::new(false),
         }
+    }
+
+    /// The same keys, value, token and fences, held now as `kind` with `timing` (a new id:
+    /// a new hold for the refresher).
+    pub(crate) fn converted(&self, kind: Kind, timing: Timing) -> Held {
+        let held = Held::new(
+            kind,
+            self.keys.clone(),
+            self.value.clone(),
+            self.token.clone(),
+            self.fences.clone(),
+            timing,
+        );
+        held.named(self.names.clone())
     }
 
     /// Keeps the caller's names for the keys, when they differ from the stored ones.

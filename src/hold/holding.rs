@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{Held, Kind};
+use super::{Held, Kind, Timing};
 use crate::backend::{Acquired, Attempt, Refresh, Refreshed};
 use crate::locker::Shared;
 use crate::options::checked_ttl;
@@ -108,13 +108,46 @@ impl Holding {
         Ok(())
     }
 
+    /// Turns a lock into a shared hold of the same keys, in one step: the new holding, or
+    /// `LockLost` when the lock was gone. On an error the lock is released as on drop
+    /// (which leaves a shared hold alone, should the downgrade have happened after all).
+    pub(crate) fn downgrade(mut self) -> Result<Holding> {
+        if self.held.is_lost() {
+            self.released = true;
+            return Err(Error::LockLost);
+        }
+        let held = &self.held;
+        let ttl_ms = held.timing().ttl_ms;
+        let subscriber = &self.shared.subscriber;
+        let sent_at = Instant::now();
+        let downgraded = self.shared.backend.downgrade(
+            &held.keys,
+            &held.value,
+            ttl_ms,
+            subscriber.release_channels(),
+        )?;
+        // The lock is gone either way: nothing for drop to do.
+        self.released = true;
+        if self.auto_refresh {
+            self.shared.refresher.remove(held.id);
+        }
+        if !downgraded.held {
+            held.mark_lost();
+            return Err(Error::LockLost);
+        }
+        subscriber.released(&held.keys, downgraded.listeners);
+        let shared_hold = held.converted(Kind::Read, Timing::new(ttl_ms, sent_at));
+        Holding::new(Arc::clone(&self.shared), shared_hold, self.auto_refresh)
+    }
+
     /// Stops refreshing, then hands a lock over to the first waiter of this locker in line
     /// for the same keys, or gives the hold up in Redis; `false` when not held.
     fn unlock(&self) -> Result<bool> {
         if self.auto_refresh {
             self.shared.refresher.remove(self.held.id);
         }
-        // Permits are not handed over: a release lets the next waiter in line attempt.
+        // Permits and shared holds are not handed over: a release lets the next waiter in
+        // line attempt.
         if self.held.kind != Kind::Lock {
             return self.release_for_real();
         }
@@ -133,6 +166,7 @@ impl Holding {
             prefix: &self.shared.prefix,
             fixed_token: offer.fixed_token,
             over: Some(&self.held.value),
+            waits: false,
         };
         let sent_at = Instant::now();
         if let Some(Ok(Acquired::Yes { fences, .. })) = self.shared.backend.hand_over(&attempt) {

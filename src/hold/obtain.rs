@@ -80,6 +80,14 @@ pub(crate) fn obtain(
     // an earlier one could otherwise delete what a later one took (random tokens only:
     // a fixed token's attempts are never taken back blindly).
     let renew = !fixed_token && shared.backend.takes_back(keys);
+    // A lock that may wait records its intent where readers share a key, so that new
+    // readers wait behind it; taken back if it gives up (else it expires with its TTL).
+    let waits = kind == Kind::Lock && options.retry.waits();
+    let mut intent = Withdrawal {
+        shared,
+        keys,
+        value: None,
+    };
     let mut attempt_value: Option<String> = None;
     // Set when the wait is over (timeout, retries) and this waiter, not first in line,
     // has not asked Redis since it last waited: one attempt of its own before it gives
@@ -93,7 +101,8 @@ pub(crate) fn obtain(
 
     let (fences, sent_at) = loop {
         let mut partial = false;
-        // For a full semaphore: when its first permit expires, unless refreshed.
+        // When what holds the keys expires, should it have died (no release will be
+        // heard then); behind readers, also when the intent must be renewed.
         let mut expires_in = None;
         // Only the first in line talks to Redis; the others wait their turn.
         let first = last_try || ticket.as_ref().is_none_or(Ticket::is_first);
@@ -122,6 +131,7 @@ pub(crate) fn obtain(
                 prefix,
                 fixed_token,
                 over: None,
+                waits,
             };
             match shared.backend.acquire(&attempt, set_first)? {
                 Acquired::Yes { fences, .. } => {
@@ -144,7 +154,7 @@ pub(crate) fn obtain(
                     let name = names.as_ref().and_then(|names| names.first());
                     let asked = match kind {
                         Kind::Permit { limit } => limit,
-                        Kind::Lock => 0,
+                        Kind::Lock | Kind::Read => 0,
                     };
                     return Err(Error::InvalidInput(format!(
                         "semaphore {:?} is held with a limit of {stored}, not {asked}: every \
@@ -154,7 +164,13 @@ pub(crate) fn obtain(
                     )));
                 }
                 Acquired::HeldElsewhere => {}
-                Acquired::Full { retry_in } => expires_in = Some(retry_in),
+                Acquired::BehindReaders { retry_in } => {
+                    intent.value = Some(attempt.value.to_owned());
+                    // Then the readers are gone, if they died; and the intent is renewed
+                    // by the next attempt well before it expires.
+                    expires_in = Some(retry_in.min(Duration::from_millis(ttl_ms / 3)));
+                }
+                Acquired::Busy { retry_in } => expires_in = Some(retry_in),
                 Acquired::Partial => partial = true,
                 Acquired::NoQuorum => return Err(no_quorum()),
             }
@@ -197,6 +213,9 @@ pub(crate) fn obtain(
             Wake::Turn | Wake::Timeout => {}
         }
     };
+    // Taken with the keys: nothing to take back.
+    intent.value = None;
+    drop(intent);
     // Out of line first: the offer is then this thread's alone, and moves into the guard.
     drop(ticket);
     let Offer { keys, value, .. } = Arc::try_unwrap(offer).unwrap_or_else(|shared| Offer {
@@ -209,4 +228,23 @@ pub(crate) fn obtain(
     let timing = Timing::new(ttl_ms, sent_at);
     let held = Held::new(kind, keys, value, token_at, fences, timing);
     Holding::new(Arc::clone(shared), held.named(names), options.auto_refresh)
+}
+
+/// The intent a waiting lock recorded on keys that readers share, taken back (best
+/// effort) when the wait ends without the lock, so that readers need not wait for it to
+/// expire.
+struct Withdrawal<'a> {
+    shared: &'a Shared,
+    keys: &'a [String],
+    /// The value the intent was recorded with, if any.
+    value: Option<String>,
+}
+
+impl Drop for Withdrawal<'_> {
+    fn drop(&mut self) {
+        if let Some(value) = self.value.take() {
+            let channels = self.shared.subscriber.release_channels();
+            let _ = self.shared.backend.withdraw(self.keys, &value, channels);
+        }
+    }
 }

@@ -122,10 +122,10 @@ impl Lines {
     pub(super) fn join(&mut self, offer: Arc<Offer>) -> (u64, Arc<Condvar>) {
         let id = self.next_id;
         self.next_id += 1;
-        let sorted = sorted(&offer.keys);
+        let sorted = line_name(&offer);
         let line = self.lines.entry(sorted.clone()).or_default();
         if line.is_empty() {
-            for key in &sorted {
+            for key in sorted.iter().filter(|key| !key.is_empty()) {
                 self.sets
                     .entry(key.clone())
                     .or_default()
@@ -307,7 +307,20 @@ impl Lines {
     }
 }
 
-/// `keys` sorted: the name of their line.
+/// The name of the line `offer` waits in: its keys sorted, and for a hold that others may
+/// share (a read lock, a permit), an empty string first, which no key is. Locks and shared
+/// holds of the same keys wait in lines of their own: in one line, a reader first in line
+/// that waits behind a lock's intent (see `lua/read/acquire.lua`) would keep that very
+/// lock, behind it, from ever attempting.
+fn line_name(offer: &Offer) -> Vec<String> {
+    let mut name = sorted(&offer.keys);
+    if offer.kind != Kind::Lock {
+        name.insert(0, String::new());
+    }
+    name
+}
+
+/// `keys` sorted: the name of their lock's line.
 fn sorted(keys: &[String]) -> Vec<String> {
     let mut sorted = keys.to_vec();
     sorted.sort_unstable();

@@ -8,6 +8,7 @@ mod input;
 mod lock;
 mod props;
 mod queue;
+mod read;
 mod readme;
 mod redlock;
 mod refresh;

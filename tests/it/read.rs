@@ -1,0 +1,372 @@
+//! Read locks: shared holds that exclude lock(), writers first, on the server's clock.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redguard::{Error, LockOptions, Locker, ReadGuard, Retry};
+
+use crate::server::RedisServer;
+use crate::{eventually, locker};
+
+/// A retry delay far longer than any wait below: whoever gets in quickly was woken.
+fn sleepy() -> LockOptions {
+    LockOptions::default().retry(Retry::linear(Duration::from_secs(30)))
+}
+
+fn manual(ttl: Duration) -> LockOptions {
+    LockOptions::default().ttl(ttl).auto_refresh(false)
+}
+
+#[test]
+fn readers_share_a_key() {
+    let server = RedisServer::start();
+    let locker = Locker::builder().pool_size(8).build(server.url()).unwrap();
+    let inside = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let (locker, inside, most) = (locker.clone(), inside.clone(), most.clone());
+            thread::spawn(move || {
+                let guard = locker.read(&["config"]).unwrap();
+                let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                // Stay until another reader is inside too (bounded: fails below if never).
+                let until = Instant::now() + Duration::from_secs(5);
+                while most.load(Ordering::SeqCst) < 2 && Instant::now() < until {
+                    thread::sleep(Duration::from_millis(1));
+                }
+                inside.fetch_sub(1, Ordering::SeqCst);
+                guard.release().unwrap();
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    assert!(most.load(Ordering::SeqCst) >= 2, "readers never overlapped");
+    assert_eq!(
+        server.query::<u32>(&["DBSIZE"]),
+        0,
+        "the last reader deletes the key"
+    );
+}
+
+#[test]
+fn a_lock_never_overlaps_a_reader_or_another_lock() {
+    let server = RedisServer::start();
+    let locker = Locker::builder().pool_size(12).build(server.url()).unwrap();
+    let readers = Arc::new(AtomicUsize::new(0));
+    let writers = Arc::new(AtomicUsize::new(0));
+    let overlaps = Arc::new(AtomicUsize::new(0));
+    let (reads, writes) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut threads = Vec::new();
+    for i in 0..6 {
+        let locker = locker.clone();
+        let (readers, writers, overlaps) = (readers.clone(), writers.clone(), overlaps.clone());
+        let (reads, writes) = (reads.clone(), writes.clone());
+        threads.push(thread::spawn(move || {
+            let keys: &[&str] = if i % 2 == 0 { &["a", "b"] } else { &["b"] };
+            while Instant::now() < deadline {
+                if i < 4 {
+                    let _guard = locker.read(keys).unwrap();
+                    readers.fetch_add(1, Ordering::SeqCst);
+                    if writers.load(Ordering::SeqCst) > 0 {
+                        overlaps.fetch_add(1, Ordering::SeqCst);
+                    }
+                    thread::sleep(Duration::from_micros(300));
+                    readers.fetch_sub(1, Ordering::SeqCst);
+                    reads.fetch_add(1, Ordering::SeqCst);
+                } else {
+                    let _guard = locker.lock(keys).unwrap();
+                    if writers.fetch_add(1, Ordering::SeqCst) > 0
+                        || readers.load(Ordering::SeqCst) > 0
+                    {
+                        overlaps.fetch_add(1, Ordering::SeqCst);
+                    }
+                    thread::sleep(Duration::from_micros(300));
+                    writers.fetch_sub(1, Ordering::SeqCst);
+                    writes.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        }));
+    }
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    assert_eq!(overlaps.load(Ordering::SeqCst), 0);
+    let (reads, writes) = (reads.load(Ordering::SeqCst), writes.load(Ordering::SeqCst));
+    assert!(reads > 20 && writes > 10, "{reads} reads, {writes} writes");
+}
+
+#[test]
+fn a_waiting_lock_gets_in_behind_a_stream_of_readers_and_new_readers_wait_for_it() {
+    let server = RedisServer::start();
+    let locker = Locker::builder().pool_size(12).build(server.url()).unwrap();
+    let hold = Duration::from_millis(100);
+    let stop = Arc::new(AtomicBool::new(false));
+    let written = Arc::new(AtomicBool::new(false));
+    let late_readers = Arc::new(AtomicUsize::new(0));
+    // Four readers, each taking the key again at once: some reader always holds it.
+    let readers: Vec<_> = (0..4)
+        .map(|i| {
+            let (locker, stop) = (locker.clone(), stop.clone());
+            let (written, late_readers) = (written.clone(), late_readers.clone());
+            thread::spawn(move || {
+                thread::sleep(hold * i / 4);
+                while !stop.load(Ordering::SeqCst) {
+                    let guard = locker.read(&["k"]).unwrap();
+                    if written.load(Ordering::SeqCst) {
+                        late_readers.fetch_add(1, Ordering::SeqCst);
+                    }
+                    thread::sleep(hold);
+                    drop(guard);
+                }
+            })
+        })
+        .collect();
+    thread::sleep(hold * 2);
+    let asked = Instant::now();
+    let guard = locker.lock(&["k"]).unwrap();
+    let waited = asked.elapsed();
+    written.store(true, Ordering::SeqCst);
+    thread::sleep(hold);
+    // Readers that came after the lock asked waited for it: none is inside with it.
+    assert_eq!(late_readers.load(Ordering::SeqCst), 0);
+    drop(guard);
+    stop.store(true, Ordering::SeqCst);
+    for reader in readers {
+        reader.join().unwrap();
+    }
+    assert!(
+        waited < hold * 3,
+        "the lock waited {waited:?} behind readers holding {hold:?} each"
+    );
+    assert!(
+        late_readers.load(Ordering::SeqCst) > 0,
+        "readers went on after it"
+    );
+}
+
+#[test]
+fn a_dead_reader_and_a_dead_writers_intent_stop_blocking_once_their_ttl_passes() {
+    let server = RedisServer::start();
+    let locker = locker(&server);
+    let ttl = Duration::from_millis(500);
+    std::mem::forget(locker.read_with(&["k"], manual(ttl)).unwrap());
+    let asked = Instant::now();
+    let guard = locker.lock_with(&["k"], sleepy().timeout(Duration::from_secs(5)));
+    let waited = asked.elapsed();
+    assert!(guard.is_ok(), "{guard:?}");
+    assert!(waited < ttl + Duration::from_secs(1), "{waited:?}");
+    drop(guard);
+
+    // A writer that died waiting: its intent, as a waiting lock records it, with 500 ms.
+    let _reader = locker.read(&["j"]).unwrap();
+    let time: Vec<u64> = server.query(&["TIME"]);
+    let expiry = time[0] * 1000 + time[1] / 1000 + 500;
+    server.query::<u32>(&["ZADD", "j", &format!("-{expiry}"), "!dead-writer"]);
+    assert!(
+        locker.try_read(&["j"]).unwrap().is_none(),
+        "readers wait behind it"
+    );
+    let asked = Instant::now();
+    let reader = locker.read_with(
+        &["j"],
+        LockOptions::default().timeout(Duration::from_secs(5)),
+    );
+    assert!(reader.is_ok(), "{reader:?}");
+    assert!(
+        asked.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        asked.elapsed()
+    );
+}
+
+#[test]
+fn a_writer_that_gives_up_takes_its_intent_back() {
+    let server = RedisServer::start();
+    let locker = locker(&server);
+    let _reader = locker.read(&["k"]).unwrap();
+    let timeout = Duration::from_millis(200);
+    let result = locker.lock_with(&["k"], LockOptions::default().timeout(timeout));
+    assert!(matches!(result, Err(Error::NotObtained)), "{result:?}");
+    // No intent is left behind: a new reader gets in at once.
+    assert!(locker.try_read(&["k"]).unwrap().is_some());
+    let members: Vec<String> = server.query(&["ZRANGE", "k", "0", "-1"]);
+    assert!(members.iter().all(|m| !m.starts_with('!')), "{members:?}");
+    // try_lock records no intent at all.
+    assert!(locker.try_lock(&["k"]).unwrap().is_none());
+    assert!(locker.try_read(&["k"]).unwrap().is_some());
+}
+
+#[test]
+fn all_or_nothing_across_keys() {
+    let server = RedisServer::start();
+    let locker = locker(&server);
+    let reading = locker.read(&["a", "b"]).unwrap();
+    assert!(locker.try_lock(&["b", "c"]).unwrap().is_none());
+    assert_eq!(server.query::<u32>(&["EXISTS", "c"]), 0, "c not taken");
+    drop(reading);
+    let _locked = locker.lock(&["c"]).unwrap();
+    assert!(locker.try_read(&["a", "c"]).unwrap().is_none());
+    assert_eq!(server.query::<u32>(&["EXISTS", "a"]), 0, "a not taken");
+    assert!(locker.try_read(&["a", "b"]).unwrap().is_some());
+}
+
+#[test]
+fn releases_wake_waiters_both_ways() {
+    let server = RedisServer::start();
+    let locker = locker(&server);
+    // The last reader's release wakes a waiting lock.
+    let reading = locker.read(&["k"]).unwrap();
+    let waiter = {
+        let locker = locker.clone();
+        thread::spawn(move || (locker.lock_with(&["k"], sleepy()).unwrap(), Instant::now()))
+    };
+    eventually(Duration::from_secs(5), "the lock waits", || {
+        server.subscribers("redguard:released:k") > 0
+    });
+    thread::sleep(Duration::from_millis(50));
+    let released = Instant::now();
+    drop(reading);
+    let (locked, got) = waiter.join().unwrap();
+    assert!(got.duration_since(released) < Duration::from_secs(1));
+
+    // A lock's release wakes a waiting reader.
+    let waiter = {
+        let locker = locker.clone();
+        thread::spawn(move || (locker.read_with(&["k"], sleepy()).unwrap(), Instant::now()))
+    };
+    thread::sleep(Duration::from_millis(100));
+    let released = Instant::now();
+    drop(locked);
+    let (_reading, got) = waiter.join().unwrap();
+    assert!(got.duration_since(released) < Duration::from_secs(1));
+}
+
+#[test]
+fn downgrade_lets_readers_in_and_keeps_locks_out() {
+    let server = RedisServer::start();
+    let locker = locker(&server);
+    let options = LockOptions::default().fencing(true).metadata("m");
+    let writing = locker.lock_with(&["k"], options).unwrap();
+    let fence = writing.fence();
+    let waiting_reader = {
+        let locker = locker.clone();
+        thread::spawn(move || locker.read_with(&["k"], sleepy()).unwrap())
+    };
+    thread::sleep(Duration::from_millis(100));
+    let reading: ReadGuard = writing.downgrade().unwrap();
+    assert_eq!((reading.fence(), reading.metadata()), (fence, "m"));
+    let other = waiting_reader.join().unwrap(); // woken by the downgrade
+    assert!(
+        locker.try_lock(&["k"]).unwrap().is_none(),
+        "no lock while read"
+    );
+    assert!(reading.ttl().unwrap().is_some());
+    drop(reading);
+    assert!(
+        locker.try_lock(&["k"]).unwrap().is_none(),
+        "the other reader is still in"
+    );
+    other.release().unwrap();
+    assert!(locker.try_lock(&["k"]).unwrap().is_some());
+}
+
+#[test]
+fn a_reader_gets_the_keys_fencing_counters_as_they_are() {
+    let server = RedisServer::start();
+    let locker = locker(&server);
+    let fenced = LockOptions::default().fencing(true);
+    let reading = locker.read_with(&["a", "b"], fenced.clone()).unwrap();
+    assert_eq!(reading.fences(), [0, 0], "no lock took a token yet");
+    drop(reading);
+    let locked = locker.lock_with(&["a"], fenced.clone()).unwrap();
+    let token = locked.fence().unwrap();
+    drop(locked);
+    let reading = locker.read_with(&["a", "b"], fenced).unwrap();
+    assert_eq!(reading.fences(), [token, 0]);
+}
+
+#[test]
+fn readers_are_refreshed_and_never_revived() {
+    let server = RedisServer::start();
+    let locker = locker(&server);
+    let ttl = Duration::from_millis(300);
+    let auto = locker
+        .read_with(&["k", "j"], LockOptions::default().ttl(ttl))
+        .unwrap();
+    let by_hand = locker
+        .read_with(&["k"], manual(Duration::from_secs(30)))
+        .unwrap();
+    thread::sleep(Duration::from_secs(1)); // over three TTLs
+    assert!(!auto.is_lost() && auto.ttl().unwrap().is_some());
+    // As if the server's clock had jumped: both expired there.
+    for guard in [&auto, &by_hand] {
+        server.query::<u32>(&["ZADD", "k", "XX", "1", guard.token()]);
+    }
+    assert!(matches!(
+        by_hand.refresh(Duration::from_secs(30)),
+        Err(Error::LockLost)
+    ));
+    eventually(
+        Duration::from_secs(2),
+        "the refresher finds it gone",
+        || auto.is_lost(),
+    );
+    let score: Option<String> = server.query(&["ZSCORE", "k", auto.token()]);
+    assert!(
+        score.as_deref().is_none_or(|s| s == "1"),
+        "not revived: {score:?}"
+    );
+    assert!(matches!(auto.release(), Err(Error::LockLost)));
+}
+
+#[test]
+fn other_types_are_refused_and_left_alone() {
+    let server = RedisServer::start();
+    let locker = locker(&server);
+    server.query::<u32>(&["RPUSH", "list", "x"]);
+    match locker.try_read(&["list"]) {
+        Err(Error::WrongType { key, kind }) => assert_eq!((&*key, &*kind), ("list", "list")),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        server.query::<Vec<String>>(&["LRANGE", "list", "0", "-1"]),
+        ["x"]
+    );
+    server.query::<u32>(&["ZADD", "board", "1", "alice"]);
+    for result in [
+        locker.try_read(&["board"]).map(|_| ()),
+        locker.try_lock(&["board"]).map(|_| ()),
+    ] {
+        assert!(matches!(result, Err(Error::WrongType { .. })), "{result:?}");
+    }
+    let _permit = locker.semaphore("sem", 2).unwrap().acquire().unwrap();
+    assert!(matches!(
+        locker.try_read(&["sem"]),
+        Err(Error::WrongType { .. })
+    ));
+    let _reading = locker.read(&["shared"]).unwrap();
+    let sem = locker.semaphore("shared", 2).unwrap();
+    assert!(matches!(sem.try_acquire(), Err(Error::WrongType { .. })));
+    for keys in [&[][..], &[""][..], &["a", "a"][..]] {
+        assert!(matches!(locker.try_read(keys), Err(Error::InvalidInput(_))));
+    }
+}
+
+#[test]
+fn read_locks_are_refused_on_a_quorum() {
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    let redlock = Locker::builder().build_redlock(&urls).unwrap();
+    assert!(matches!(
+        redlock.try_read(&["k"]),
+        Err(Error::InvalidInput(_))
+    ));
+    let guard = redlock.lock(&["k"]).unwrap();
+    assert!(matches!(guard.downgrade(), Err(Error::InvalidInput(_))));
+}
