@@ -5,6 +5,7 @@
 //! BENCH_SECS=1 cargo bench          # shorter runs
 //! cargo bench -- fan-out            # only Redlock on 5 nodes against a raw fan-out
 //! cargo bench -- permits            # only W6 (and W1) against the floor
+//! cargo bench -- reads              # only W8 and W9 (read locks)
 //! cargo bench --bench contention    # W3, contention: benches/contention.rs
 //! taskset -c 0 cargo bench -- fan-out   # the same, client and servers on one CPU
 //! ```
@@ -75,6 +76,10 @@ fn main() {
     let url = server.url();
     if std::env::args().any(|arg| arg == "permits") {
         println!("{}", permits_only(&server, span));
+        return;
+    }
+    if std::env::args().any(|arg| arg == "reads") {
+        println!("{}", read_locks(&server, span));
         return;
     }
     let mut rows = Vec::new();
@@ -149,6 +154,7 @@ fn main() {
     let scaling = scaling_out(&locker, span);
     let fan_out = fan_out_floor(span);
 
+    let reads = read_locks(&server, span);
     let parked = parked_handoff(&locker, 200, round_trip(&server, span));
     drop(locker); // W5 counts its own locker's refresher thread alone
     let refresher = refresher_load(&server, &url, 0);
@@ -180,6 +186,7 @@ fn main() {
     );
     println!("{scaling}\n");
     println!("{fan_out}\n");
+    println!("{reads}\n");
     println!("{parked}\n");
     println!("{refresher}\n");
     println!("{mixed}");
@@ -499,6 +506,86 @@ fn permits_only(server: &RedisServer, span: Duration) -> String {
         row("W6 permit, 1 thread", &median(w6), Some(&floor), Some(0.85)),
     ]
     .join("\n")
+}
+
+/// W8: 4 threads taking and releasing read locks on one key, against 4 threads locking
+/// distinct keys, in alternating rounds: shared holds must not serialize. W9: 4 threads on
+/// one key, 90% reads and 10% locks.
+fn read_locks(server: &RedisServer, span: Duration) -> String {
+    const THREADS: usize = 4;
+    let locker = Locker::builder()
+        .pool_size(THREADS as u32 + 2)
+        .build(server.url())
+        .expect("locker");
+    let (mut locks, mut reads) = (Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        locks.push(run(THREADS, span, |i| {
+            lock_cycle(&locker, vec![format!("w8:{i}")])
+        }));
+        reads.push(run(THREADS, span, |_| read_cycle(&locker, "w8:shared")));
+    }
+    let locks = median(locks);
+    let mut text = [
+        "| workload | cycles/s | p50 µs | p99 µs | server CPU µs/cycle | ratio | target |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    .join("\n");
+    text += "\n";
+    text += &row(
+        &format!("{THREADS} threads, locks on distinct keys"),
+        &locks,
+        None,
+        None,
+    );
+    text += "\n";
+    let w8 = format!("W8 {THREADS} threads, read locks on one key");
+    text += &row(&w8, &median(reads), Some(&locks), Some(0.9));
+    text + "\n\n" + &mixed(&locker, THREADS, span)
+}
+
+fn read_cycle(locker: &Locker, key: &str) -> Box<dyn FnMut()> {
+    let (locker, key) = (locker.clone(), key.to_string());
+    Box::new(move || {
+        let guard = locker.read(&[&key]).expect("read");
+        guard.release().expect("release");
+    })
+}
+
+/// W9: `threads` threads on one key, each cycle a read lock (9 in 10) or a lock (1 in
+/// 10), taken and released: acquisitions per second, and how long the locks waited.
+fn mixed(locker: &Locker, threads: usize, span: Duration) -> String {
+    let (done, writes) = (AtomicU64::new(0), std::sync::Mutex::new(Vec::new()));
+    thread::scope(|s| {
+        for t in 0..threads {
+            let (locker, done, writes) = (locker.clone(), &done, &writes);
+            s.spawn(move || {
+                let began = Instant::now();
+                let mut waits = Vec::new();
+                let mut n = t as u64;
+                while began.elapsed() < span {
+                    n += 1;
+                    if n.is_multiple_of(10) {
+                        let asked = Instant::now();
+                        let guard = locker.lock(&["w9"]).expect("lock");
+                        waits.push(asked.elapsed());
+                        drop(guard);
+                    } else {
+                        drop(locker.read(&["w9"]).expect("read"));
+                    }
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+                writes.lock().expect("no panic").extend(waits);
+            });
+        }
+    });
+    let waits = Stats::new(writes.into_inner().expect("no panic"), span);
+    format!(
+        "W9 {threads} threads on one key, 90% read locks and 10% locks: {:.0} acquisitions/s; \
+         the locks waited p50 {:.0} µs, p99 {:.0} µs.",
+        done.load(Ordering::Relaxed) as f64 / span.as_secs_f64(),
+        micros(waits.p50),
+        micros(waits.p99),
+    )
 }
 
 fn permit_cycle(locker: &Locker, name: &str) -> Box<dyn FnMut()> {

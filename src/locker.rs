@@ -6,9 +6,9 @@ use redis::{Client, IntoConnectionInfo};
 
 use crate::backend::Backend;
 use crate::hold::{Kind, Refresher, Request, obtain};
-use crate::options::checked_keys;
+use crate::options::{at_most_once, checked_keys};
 use crate::wait::Subscriber;
-use crate::{Error, LockGuard, LockOptions, LockerBuilder, Result, Retry, Semaphore};
+use crate::{Error, LockGuard, LockOptions, LockerBuilder, Result, Semaphore};
 
 /// Takes locks on Redis keys. A cheap `Clone` (an `Arc` inside), `Send + Sync`.
 ///
@@ -134,11 +134,6 @@ impl Locker {
         keys: &[K],
         options: LockOptions,
     ) -> Result<Option<LockGuard>> {
-        let once = LockOptions {
-            retry: Retry::none(),
-            timeout: None,
-            ..options
-        };
         // `None` must mean "held elsewhere": too few quorum nodes answering is an error.
         let no_quorum = || {
             Error::Redis(redis::RedisError::from((
@@ -146,11 +141,7 @@ impl Locker {
                 "fewer than a majority of the servers answered",
             )))
         };
-        match self.lock_until(keys, once, no_quorum) {
-            Ok(guard) => Ok(Some(guard)),
-            Err(Error::NotObtained) => Ok(None),
-            Err(e) => Err(e),
-        }
+        at_most_once(self.lock_until(keys, options.once(), no_quorum))
     }
 
     /// Locks every key, or none, as `options` say.

@@ -155,6 +155,26 @@ impl LockOptions {
 }
 
 /// Copies the keys after checking them: at least one, none empty, none twice.
+impl LockOptions {
+    /// These options for exactly one attempt: no retry, no timeout.
+    pub(crate) fn once(self) -> LockOptions {
+        LockOptions {
+            retry: Retry::none(),
+            timeout: None,
+            ..self
+        }
+    }
+}
+
+/// The answer of a single attempt: `None` when it was not obtained.
+pub(crate) fn at_most_once<T>(attempt: Result<T>) -> Result<Option<T>> {
+    match attempt {
+        Ok(hold) => Ok(Some(hold)),
+        Err(Error::NotObtained) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 pub(crate) fn checked_keys<K: AsRef<str>>(keys: &[K]) -> Result<Vec<String>> {
     if keys.is_empty() {
         return invalid("no keys given: a lock needs at least one key".into());

@@ -2,7 +2,8 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::hold::{Holding, Kind, obtain};
-use crate::{Error, LockOptions, Locker, Result, Retry};
+use crate::options::at_most_once;
+use crate::{Error, LockOptions, Locker, Result};
 
 /// The shared side of a [`Locker`]: read locks. (Beside [`ReadGuard`], which they return.)
 impl Locker {
@@ -63,16 +64,7 @@ impl Locker {
         keys: &[K],
         options: LockOptions,
     ) -> Result<Option<ReadGuard>> {
-        let once = LockOptions {
-            retry: Retry::none(),
-            timeout: None,
-            ..options
-        };
-        match self.read_with(keys, once) {
-            Ok(guard) => Ok(Some(guard)),
-            Err(Error::NotObtained) => Ok(None),
-            Err(e) => Err(e),
-        }
+        at_most_once(self.read_with(keys, options.once()))
     }
 }
 

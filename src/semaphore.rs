@@ -4,7 +4,8 @@ use std::sync::Arc;
 use crate::backend::Holders;
 use crate::hold::{Kind, Request, metadata_of, obtain};
 use crate::locker::Shared;
-use crate::{Error, Holder, LockOptions, Permit, Result, Retry};
+use crate::options::at_most_once;
+use crate::{Error, Holder, LockOptions, Permit, Result};
 
 /// The largest limit a [`Semaphore`] may have.
 pub const MAX_LIMIT: u32 = 1_000_000;
@@ -180,16 +181,7 @@ impl Semaphore {
     /// # Errors
     /// As [`acquire_with`](Self::acquire_with), but never [`Error::NotObtained`].
     pub fn try_acquire_with(&self, options: LockOptions) -> Result<Option<Permit>> {
-        let once = LockOptions {
-            retry: Retry::none(),
-            timeout: None,
-            ..options
-        };
-        match self.acquire_with(once) {
-            Ok(permit) => Ok(Some(permit)),
-            Err(Error::NotObtained) => Ok(None),
-            Err(e) => Err(e),
-        }
+        at_most_once(self.acquire_with(options.once()))
     }
 
     /// How many permits are free now: the limit less the live holders (0 when more hold

@@ -451,3 +451,29 @@ fn a_semaphore_keeps_every_key_in_one_slot_and_works() {
         "without fencing: one key"
     );
 }
+
+#[test]
+fn read_locks_in_one_slot_work_and_across_slots_are_refused_before_any_round_trip() {
+    let cluster = RedisCluster::start();
+    let locker = cluster_locker(&cluster);
+    let calls = lock_calls(&cluster);
+    for options in [
+        LockOptions::default(),
+        LockOptions::default().across_slots(true),
+    ] {
+        let result = locker.try_read_with(&["a", "b"], options);
+        assert!(matches!(result, Err(Error::InvalidInput(_))), "{result:?}");
+    }
+    assert_eq!(lock_calls(&cluster), calls, "nothing was sent");
+
+    let keys = ["{cfg}:a", "{cfg}:b"];
+    let first = locker.read(&keys).unwrap();
+    let second = locker.try_read(&keys).unwrap().expect("readers share");
+    assert!(locker.try_lock(&keys[..1]).unwrap().is_none());
+    drop((first, second));
+    let writing = locker.lock(&keys).unwrap();
+    assert!(locker.try_read(&keys).unwrap().is_none());
+    let reading = writing.downgrade().unwrap();
+    assert!(locker.try_read(&keys).unwrap().is_some());
+    drop(reading);
+}
