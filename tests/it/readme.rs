@@ -1,5 +1,5 @@
 //! README.md's program is `examples/readme.rs`, shown as it is, and it runs; so does the
-//! semaphore example README points to.
+//! semaphore and read-write examples README points to.
 
 use std::process::Command;
 
@@ -48,4 +48,19 @@ fn the_semaphore_example_runs_and_never_lets_more_than_three_in() {
         "{stdout}"
     );
     assert!(!stdout.contains("(4 inside)"), "{stdout}");
+}
+
+#[test]
+fn the_read_write_example_runs_and_its_writer_is_alone() {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap().join("examples");
+    let server = RedisServer::start();
+    let output = Command::new(dir.join("read_write"))
+        .env("REDIS_URL", server.url())
+        .output()
+        .expect("cargo test builds examples/read_write.rs");
+    assert!(output.status.success(), "{output:?}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("with 0 readers inside"), "{stdout}");
+    assert_eq!(stdout.matches("a reader read").count(), 3, "{stdout}");
 }
