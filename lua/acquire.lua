@@ -73,12 +73,13 @@ end
 if not fresh then
   -- Some key exists: held by an owner (a string), shared by readers (a sorted set of
   -- theirs, see read/acquire.lua), or of another type, which is never overwritten.
-  local now, shared, unread, owner = nil, {}, {}, string.sub(ARGV[1], 1, owner_len)
+  local now, readers_end, shared, unread = nil, nil, {}, {}
+  local owner = string.sub(ARGV[1], 1, owner_len)
   local taken, mine = false, 0
   for i = 1, n do
     local kind = redis.call('type', KEYS[i]).ok
     if kind == 'zset' then
-      if redis.call('zscore', KEYS[i], '') ~= '0' then
+      if redis.call('zscore', KEYS[i], '') ~= '-inf' then
         return {'wrongtype', KEYS[i], 'zset, not a read lock'}
       end
       if not now then
@@ -86,10 +87,11 @@ if not fresh then
         now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
       end
       -- Readers are scored by their expiry, intents by minus theirs: drop the expired.
-      redis.call('zremrangebyscore', KEYS[i], '(0', now)
-      redis.call('zremrangebyscore', KEYS[i], -now, '(0')
-      if redis.call('zcount', KEYS[i], '(0', '+inf') > 0 then
+      redis.call('zremrangebyscore', KEYS[i], -now, now)
+      local highest = tonumber(redis.call('zrange', KEYS[i], -1, -1, 'withscores')[2])
+      if highest > 0 then
         shared[#shared + 1] = KEYS[i]
+        readers_end = math.max(readers_end or 0, highest)
       else
         unread[#unread + 1] = KEYS[i] -- no reader left: a writer may take it
       end
@@ -109,15 +111,14 @@ if not fresh then
     -- Held: by readers, who see our intent from now on (if we wait), or by another owner.
     if ARGV[6] == '1' and #shared > 0 then
       local intent = '!' .. ARGV[1]
-      local expiry = string.format('%.0f', -(now + tonumber(ARGV[3])))
-      local readers_end = now
+      local ttl = tonumber(ARGV[3])
+      local expiry = string.format('%.0f', now + ttl)
       for _, key in ipairs(shared) do
-        redis.call('zadd', key, expiry, intent)
+        redis.call('zadd', key, '-' .. expiry, intent)
         -- The key lives as long as its last reader or intent.
-        local last = tonumber(redis.call('zrange', key, -1, -1, 'withscores')[2])
-        local first = tonumber(redis.call('zrange', key, 0, 0, 'withscores')[2])
-        redis.call('pexpireat', key, string.format('%.0f', math.max(last, -first)))
-        readers_end = math.max(readers_end, last)
+        if redis.call('pttl', key) < ttl then
+          redis.call('pexpireat', key, expiry)
+        end
       end
       -- When the last of these readers expires, should none of them release.
       return {'readers', math.max(1, readers_end - now)}

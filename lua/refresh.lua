@@ -66,9 +66,9 @@ local function refresh_permit(holders, value, ttl)
 end
 
 local function refresh_read(first, last, value, ttl)
-  -- Every key must still be shared by us, live on the server's clock.
+  -- Every key must still be shared by us, live on the server's clock (see read/).
   for j = first, last do
-    local ours = redis.pcall('zscore', KEYS[j], '') == '0'
+    local ours = redis.pcall('zscore', KEYS[j], '') == '-inf'
     local expiry = ours and redis.call('zscore', KEYS[j], value)
     if not expiry or tonumber(expiry) <= now then
       return 0
@@ -77,9 +77,10 @@ local function refresh_read(first, last, value, ttl)
   local expiry = string.format('%.0f', now + tonumber(ttl))
   for j = first, last do
     redis.call('zadd', KEYS[j], 'XX', expiry, value)
-    local newest = tonumber(redis.call('zrange', KEYS[j], -1, -1, 'withscores')[2])
-    local oldest = tonumber(redis.call('zrange', KEYS[j], 0, 0, 'withscores')[2])
-    redis.call('pexpireat', KEYS[j], string.format('%.0f', math.max(newest, -oldest)))
+    -- Never shorter than the last member's (a longer one may be another reader's).
+    if redis.call('pttl', KEYS[j]) < tonumber(ttl) then
+      redis.call('pexpireat', KEYS[j], expiry)
+    end
   end
   return 1
 end

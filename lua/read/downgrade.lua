@@ -15,7 +15,7 @@ local expiry = string.format('%.0f', now + tonumber(ARGV[2]))
 local listeners = 0
 for _, key in ipairs(KEYS) do
   redis.call('del', key)
-  redis.call('zadd', key, 0, '', expiry, ARGV[1])
+  redis.call('zadd', key, '-inf', '', expiry, ARGV[1])
   redis.call('pexpireat', key, expiry)
   if ARGV[3] ~= '' then
     -- Readers that wait may enter now (pcall: see ../release.lua).

@@ -5,10 +5,7 @@ local time = redis.call('time')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local shortest
 for _, key in ipairs(KEYS) do
-  if redis.call('type', key).ok ~= 'zset' or redis.call('zscore', key, '') ~= '0' then
-    return -2
-  end
-  local expiry = redis.call('zscore', key, ARGV[1])
+  local expiry = redis.pcall('zscore', key, '') == '-inf' and redis.call('zscore', key, ARGV[1])
   local left = expiry and tonumber(expiry) - now
   if not left or left <= 0 then
     return -2

@@ -1,16 +1,15 @@
--- read/withdraw.lua: a writer that stopped waiting takes back its intent (see
+-- read/withdraw.lua: a lock that stopped waiting takes back its intent (see
 -- ../acquire.lua), so that readers need not wait for it to expire.
--- KEYS: the writer's keys. ARGV[1]: the writer's value; ARGV[2]: where release channels
--- start (see ../release.lua), or '' to announce nothing.
+-- KEYS: the lock's keys. ARGV[1]: the lock's value; ARGV[2]: where release channels start
+-- (see ../release.lua), or '' to announce nothing.
 -- Returns how many keys had the intent. Each is announced (readers wait behind it), and
--- deleted when nothing is left on it.
+-- deleted when nothing is left on it but the marker.
 local taken = 0
 for _, key in ipairs(KEYS) do
-  if redis.call('type', key).ok == 'zset' and redis.call('zscore', key, '') == '0'
-      and redis.call('zrem', key, '!' .. ARGV[1]) == 1 then
+  if redis.pcall('zscore', key, '') == '-inf' and redis.call('zrem', key, '!' .. ARGV[1]) == 1 then
     taken = taken + 1
     if redis.call('zcard', key) == 1 then
-      redis.call('del', key) -- only the marker left
+      redis.call('del', key)
     end
     if ARGV[2] ~= '' then
       redis.pcall('publish', ARGV[2] .. key, '')

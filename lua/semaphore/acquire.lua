@@ -48,7 +48,8 @@ if failure then
   return failure
 end
 local stored = lowest[1] == '' and -tonumber(lowest[2])
-if lowest[1] and not (stored and stored >= 1 and stored == math.floor(stored)) then
+if lowest[1] and not (stored and stored >= 1 and stored < math.huge
+    and stored == math.floor(stored)) then
   return {'wrongtype', KEYS[1], 'zset, not a semaphore'}
 end
 local count = stored and redis.call('zcard', KEYS[1]) or 0

@@ -7,7 +7,8 @@ if kind ~= 'zset' and kind ~= 'none' then
   return {'wrongtype', KEYS[1], kind}
 end
 -- A sorted set without the limit member (see acquire.lua) is not a semaphore.
-if kind == 'zset' and not redis.call('zscore', KEYS[1], '') then
+local limit = kind == 'zset' and redis.call('zscore', KEYS[1], '')
+if kind == 'zset' and (not limit or limit == '-inf') then
   return {'wrongtype', KEYS[1], 'zset, not a semaphore'}
 end
 local time = redis.call('time')
