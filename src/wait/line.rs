@@ -343,6 +343,32 @@ mod tests {
         })
     }
 
+    fn shared(keys: &[&str]) -> Arc<Offer> {
+        Arc::new(Offer {
+            kind: Kind::Read,
+            ..Arc::try_unwrap(offer(keys)).expect("just made")
+        })
+    }
+
+    #[test]
+    fn locks_and_shared_holds_of_the_same_keys_wait_in_lines_of_their_own() {
+        let mut lines = Lines::default();
+        let (reader, _) = lines.join(shared(&["k"]));
+        let (lock, _) = lines.join(offer(&["k"]));
+        let (second_reader, _) = lines.join(shared(&["k"]));
+        // The lock attempts though a reader came first: that reader may be waiting for
+        // this very lock's intent to go.
+        assert!(lines.is_first(reader) && lines.is_first(lock));
+        assert!(!lines.is_first(second_reader));
+        lines.set_asleep(reader, true);
+        lines.set_asleep(lock, true);
+        let (claimed, _) = lines.claim(&keys(&["k"])).expect("the lock's line");
+        assert_eq!(claimed, lock, "a lock is handed over to a lock, never to a reader");
+        // A reader that gets in lets the next reader attempt at once.
+        lines.leave(reader, true);
+        assert!(lines.take_turn(second_reader));
+    }
+
     fn keys(names: &[&str]) -> Vec<String> {
         names.iter().map(|k| k.to_string()).collect()
     }
