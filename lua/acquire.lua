@@ -4,9 +4,11 @@
 -- bytes (a random token, or a fixed one as '<length>:<token>': never the start of another);
 -- ARGV[3]: the TTL in milliseconds; ARGV[4]: '1' for fencing tokens, else '0'; ARGV[5],
 -- for a hand-over only (else ''): the releasing guard's value, which every key must still
--- hold, and which ours then replaces (a fresh acquisition: new fencing tokens); ARGV[6]:
--- '1' when the caller waits if the keys are held: a key shared by readers (see
--- read/acquire.lua) then records its intent, which new readers wait behind.
+-- hold, and which ours then replaces (a fresh acquisition: new fencing tokens); ARGV[6],
+-- for a caller that waits if the keys are held (else ''): the value to record its intent
+-- by, the waiter's own for all its attempts. When readers (see read/acquire.lua) are all
+-- that holds the keys, each key they share records the intent, and new readers wait
+-- behind it; when another lock holds a key, the intent is taken back from every key.
 -- Returns 1 when every key is now ours (with fencing: {'fences', token per key}), 2 when
 -- they already were, re-obtained by the same owner (with fencing: {'kept', token per
 -- key}), 0 when another owner or live readers hold one of them ({'readers', ms} when
@@ -107,10 +109,23 @@ if not fresh then
       return {'wrongtype', KEYS[i], kind}
     end
   end
+  local intent = ARGV[6] ~= '' and '!' .. ARGV[6]
+  if taken and intent then
+    -- Another lock holds a key: readers need not wait for us meanwhile (that could
+    -- deadlock a reader we wait for), so no intent of ours stays anywhere.
+    for _, key in ipairs(shared) do
+      redis.call('zrem', key, intent)
+    end
+    for _, key in ipairs(unread) do
+      if redis.call('zrem', key, intent) == 1 and redis.call('zcard', key) == 1 then
+        redis.call('del', key) -- only the marker left
+      end
+    end
+    return 0
+  end
   if taken or #shared > 0 then
     -- Held: by readers, who see our intent from now on (if we wait), or by another owner.
-    if ARGV[6] == '1' and #shared > 0 then
-      local intent = '!' .. ARGV[1]
+    if intent and #shared > 0 then
       local ttl = tonumber(ARGV[3])
       local expiry = string.format('%.0f', now + ttl)
       for _, key in ipairs(shared) do

@@ -51,8 +51,8 @@ local function refresh_permit(holders, value, ttl)
   -- Another type here must not fail the whole batch: the permit is just not held; nor is
   -- it in a sorted set without the limit member (not a semaphore).
   local limit = redis.pcall('zscore', holders, '')
-  if type(limit) ~= 'string' then
-    return 0
+  if type(limit) ~= 'string' or limit == '-inf' then
+    return 0 -- not a semaphore (-inf marks a read lock)
   end
   redis.call('zremrangebyscore', holders, 0, now)
   if not redis.call('zscore', holders, value) then

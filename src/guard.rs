@@ -128,9 +128,10 @@ impl LockGuard {
     /// # Errors
     /// [`Error::LockLost`](crate::Error::LockLost) when the lock was no longer held;
     /// [`Error::InvalidInput`](crate::Error::InvalidInput) for a lock across cluster slots
-    /// or on a quorum of servers (no read locks there); [`Error::Redis`](crate::Error::Redis)
-    /// or [`Error::Pool`](crate::Error::Pool) when Redis cannot be asked (the lock is then
-    /// released as on drop).
+    /// or on a quorum of servers (no read locks there; refused before any round trip);
+    /// [`Error::Redis`](crate::Error::Redis) or [`Error::Pool`](crate::Error::Pool) when
+    /// Redis cannot be asked. The guard is consumed either way: on any of these errors
+    /// its lock is released, as on drop.
     pub fn downgrade(self) -> Result<ReadGuard> {
         self.holding.downgrade().map(ReadGuard::new)
     }

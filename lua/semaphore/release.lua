@@ -19,7 +19,7 @@ if type(limit) == 'table' and limit.err then
   end
   return limit
 end
-if not limit then
+if not limit or limit == '-inf' then -- none: not a semaphore; -inf: a read lock
   return 0
 end
 redis.call('zremrangebyscore', KEYS[1], 0, now)

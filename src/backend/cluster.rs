@@ -140,8 +140,10 @@ impl ClusterPool {
                         .into_iter()
                         .chain(reply_lost.then_some(keys.as_slice()))
                     {
+                        // Announced: a reader may have seen the key taken, and waits.
                         let _ = self.run(|con| {
-                            scripts::release(con, attempt.kind, keys, attempt.value, "")
+                            let channels = attempt.channels;
+                            scripts::release(con, attempt.kind, keys, attempt.value, channels)
                         });
                     }
                     return failed;

@@ -181,7 +181,7 @@ pub(crate) fn acquire_call(attempt: &Attempt<'_>) -> Call {
     match attempt.kind {
         Kind::Lock => {
             args.push(attempt.over.unwrap_or_default());
-            args.push(if attempt.waits { "1" } else { "0" });
+            args.push(attempt.intent.unwrap_or_default());
             Call::new(&ACQUIRE, &keys, &args)
         }
         Kind::Read => Call::new(&READ_ACQUIRE, &keys, &[attempt.value, &ttl_ms, fencing]),
@@ -269,9 +269,12 @@ pub(crate) struct Attempt<'a> {
     /// For a hand-over: the releasing guard's value, which every key must still hold and
     /// which this one replaces.
     pub(crate) over: Option<&'a str>,
-    /// Whether the caller waits when the keys are held: a lock then records its intent on
-    /// keys that readers share (see `lua/acquire.lua`).
-    pub(crate) waits: bool,
+    /// For a lock that waits when the keys are held: the value its intent is recorded by
+    /// on keys that readers share (see `lua/acquire.lua`). The waiter's own, the same for
+    /// every attempt, so that one withdrawal takes it back.
+    pub(crate) intent: Option<&'a str>,
+    /// Where release channels start: a take-back announces the keys it frees.
+    pub(crate) channels: &'a str,
 }
 
 /// One hold for [`refresh`]: its kind, keys, value and the TTL to set.

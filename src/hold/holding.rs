@@ -166,7 +166,8 @@ impl Holding {
             prefix: &self.shared.prefix,
             fixed_token: offer.fixed_token,
             over: Some(&self.held.value),
-            waits: false,
+            intent: None,
+            channels: self.shared.subscriber.release_channels(),
         };
         let sent_at = Instant::now();
         if let Some(Ok(Acquired::Yes { fences, .. })) = self.shared.backend.hand_over(&attempt) {

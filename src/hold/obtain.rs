@@ -74,7 +74,7 @@ pub(crate) fn obtain(
     // they pass between threads of this locker by hand-overs (or others have their
     // head start).
     let mut ticket: Option<Ticket<'_>> = subscriber
-        .defers(keys)
+        .defers(&offer)
         .then(|| subscriber.wait_for(Arc::clone(&offer), Seen::default()));
     // A value of its own for each attempt after the first, where a late take-back of
     // an earlier one could otherwise delete what a later one took (random tokens only:
@@ -88,6 +88,7 @@ pub(crate) fn obtain(
         keys,
         value: None,
     };
+    let offer_value = offer.value.as_str();
     let mut attempt_value: Option<String> = None;
     // Set when the wait is over (timeout, retries) and this waiter, not first in line,
     // has not asked Redis since it last waited: one attempt of its own before it gives
@@ -131,7 +132,8 @@ pub(crate) fn obtain(
                 prefix,
                 fixed_token,
                 over: None,
-                waits,
+                intent: waits.then_some(offer.value.as_str()),
+                channels: subscriber.release_channels(),
             };
             match shared.backend.acquire(&attempt, set_first)? {
                 Acquired::Yes { fences, .. } => {
@@ -165,7 +167,7 @@ pub(crate) fn obtain(
                 }
                 Acquired::HeldElsewhere => {}
                 Acquired::BehindReaders { retry_in } => {
-                    intent.value = Some(attempt.value.to_owned());
+                    intent.value = Some(offer_value);
                     // Then the readers are gone, if they died; and the intent is renewed
                     // by the next attempt well before it expires.
                     expires_in = Some(retry_in.min(Duration::from_millis(ttl_ms / 3)));
@@ -236,15 +238,15 @@ pub(crate) fn obtain(
 struct Withdrawal<'a> {
     shared: &'a Shared,
     keys: &'a [String],
-    /// The value the intent was recorded with, if any.
-    value: Option<String>,
+    /// The value the intent was recorded by (the waiter's), once it was.
+    value: Option<&'a str>,
 }
 
 impl Drop for Withdrawal<'_> {
     fn drop(&mut self) {
         if let Some(value) = self.value.take() {
             let channels = self.shared.subscriber.release_channels();
-            let _ = self.shared.backend.withdraw(self.keys, &value, channels);
+            let _ = self.shared.backend.withdraw(self.keys, value, channels);
         }
     }
 }

@@ -205,8 +205,8 @@ impl Lines {
     /// held), and during the head start this locker leaves others after a real release.
     /// Otherwise (the streak over, or never begun) the keys may be free or held elsewhere,
     /// and the newcomer asks.
-    pub(super) fn defers(&self, keys: &[String]) -> bool {
-        self.streaks.get(&sorted(keys)).is_some_and(|streak| {
+    pub(super) fn defers(&self, offer: &Offer) -> bool {
+        self.streaks.get(&line_name(offer)).is_some_and(|streak| {
             (streak.count > 0 && !streak.is_over())
                 || streak.head_start.is_some_and(|at| Instant::now() < at)
         })
@@ -279,11 +279,16 @@ impl Lines {
     /// A real release of `keys`, whose announcement reached `others` (listeners other than
     /// this locker): a new streak of hand-overs starts, bounded as they say.
     pub(super) fn released_for_real(&mut self, keys: &[String], others: bool) {
+        // Locks and shared holds of these keys wait in lines of their own: both get the
+        // new streak (a shared line, only its head start).
         let sorted = sorted(keys);
-        if self.lines.contains_key(&sorted) {
-            self.streaks.insert(sorted, Streak::new(others));
-        } else {
-            self.streaks.remove(&sorted);
+        let shared = shared_name(sorted.clone());
+        for name in [sorted, shared] {
+            if self.lines.contains_key(&name) {
+                self.streaks.insert(name, Streak::new(others));
+            } else {
+                self.streaks.remove(&name);
+            }
         }
     }
 
@@ -313,11 +318,18 @@ impl Lines {
 /// that waits behind a lock's intent (see `lua/read/acquire.lua`) would keep that very
 /// lock, behind it, from ever attempting.
 fn line_name(offer: &Offer) -> Vec<String> {
-    let mut name = sorted(&offer.keys);
-    if offer.kind != Kind::Lock {
-        name.insert(0, String::new());
+    let name = sorted(&offer.keys);
+    if offer.kind == Kind::Lock {
+        name
+    } else {
+        shared_name(name)
     }
-    name
+}
+
+/// The name of the line of shared holds of `sorted` keys.
+fn shared_name(mut sorted: Vec<String>) -> Vec<String> {
+    sorted.insert(0, String::new());
+    sorted
 }
 
 /// `keys` sorted: the name of their lock's line.
@@ -363,10 +375,18 @@ mod tests {
         lines.set_asleep(reader, true);
         lines.set_asleep(lock, true);
         let (claimed, _) = lines.claim(&keys(&["k"])).expect("the lock's line");
-        assert_eq!(claimed, lock, "a lock is handed over to a lock, never to a reader");
+        assert_eq!(
+            claimed, lock,
+            "a lock is handed over to a lock, never to a reader"
+        );
         // A reader that gets in lets the next reader attempt at once.
         lines.leave(reader, true);
         assert!(lines.take_turn(second_reader));
+        // A real release that others heard gives them their head start on both lines.
+        lines.released_for_real(&keys(&["k"]), true);
+        assert!(lines.head_start(second_reader).is_some());
+        assert!(lines.head_start(lock).is_some());
+        assert!(lines.defers(&shared(&["k"])), "a newcomer reader waits too");
     }
 
     fn keys(names: &[&str]) -> Vec<String> {

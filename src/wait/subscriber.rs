@@ -69,8 +69,8 @@ impl Subscriber {
     /// Whether a newcomer for `keys` gets in line at once, without an attempt of its own:
     /// while they pass between threads of this locker by hand-overs, or during the head
     /// start it leaves other lockers after a real release.
-    pub(crate) fn defers(&self, keys: &[String]) -> bool {
-        self.anyone_waiting() && self.board.state.lock().lines.defers(keys)
+    pub(crate) fn defers(&self, offer: &Offer) -> bool {
+        self.anyone_waiting() && self.board.state.lock().lines.defers(offer)
     }
 
     /// Whether any thread of this locker waits in line (without taking the mutex).

@@ -476,4 +476,17 @@ fn read_locks_in_one_slot_work_and_across_slots_are_refused_before_any_round_tri
     let reading = writing.downgrade().unwrap();
     assert!(locker.try_read(&keys).unwrap().is_some());
     drop(reading);
+
+    // A lock across slots that gives up leaves no intent behind: its attempts each write
+    // a value of their own, but the intent is the waiter's, and taken back.
+    let _reading = locker.read(&["x"]).unwrap();
+    let options = LockOptions::default()
+        .across_slots(true)
+        .timeout(Duration::from_millis(800));
+    let result = locker.lock_with(&["x", "y"], options);
+    assert!(matches!(result, Err(Error::NotObtained)), "{result:?}");
+    let owner = cluster.owner_of(RedisCluster::slot("x"));
+    let members: Vec<String> = cluster.query(owner, redis::cmd("ZRANGE").arg("x").arg(0).arg(-1));
+    assert!(members.iter().all(|m| !m.starts_with('!')), "{members:?}");
+    assert!(locker.try_read(&["x"]).unwrap().is_some());
 }
