@@ -1,16 +1,35 @@
 use std::time::Duration;
 
-/// One live hold as Redis shows it to anyone (from [`Semaphore::holders`](crate::Semaphore::holders)):
-/// what its owner stored as metadata, and how long it has left. Never its token.
+use crate::backend::{KeyHolders, fence_key, slot};
+use crate::hold::metadata_of;
+use crate::options::checked_keys;
+use crate::{Error, Locker, Result};
+
+/// One live hold as Redis shows it to anyone (from [`Locker::holders`] or
+/// [`Semaphore::holders`](crate::Semaphore::holders)): what its owner stored as metadata,
+/// how long it has left, whether it is shared. Never its token: whoever has the token can
+/// release the hold.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Holder {
     metadata: String,
     ttl: Option<Duration>,
+    shared: bool,
+    fence: Option<u64>,
 }
 
 impl Holder {
-    pub(crate) fn new(metadata: String, ttl: Option<Duration>) -> Holder {
-        Holder { metadata, ttl }
+    pub(crate) fn new(
+        metadata: String,
+        ttl: Option<Duration>,
+        shared: bool,
+        fence: Option<u64>,
+    ) -> Holder {
+        Holder {
+            metadata,
+            ttl,
+            shared,
+            fence,
+        }
     }
 
     /// The metadata its owner gave in [`LockOptions::metadata`](crate::LockOptions::metadata)
@@ -19,8 +38,70 @@ impl Holder {
         &self.metadata
     }
 
-    /// The time it has left, on the server's clock; `None` when it has no TTL.
+    /// The time it has left, on the server's clock; `None` when it has no TTL (someone
+    /// ran PERSIST on a lock's key).
     pub fn ttl(&self) -> Option<Duration> {
         self.ttl
+    }
+
+    /// Whether others may hold the key with it: a reader (of a read lock), or a permit of
+    /// a semaphore; `false` for a lock.
+    pub fn shared(&self) -> bool {
+        self.shared
+    }
+
+    /// The key's fencing counter as it is now, when it has one: for a lock taken with
+    /// fencing, its own token; for a reader, the token of the last lock taken on the key.
+    /// `None` without a counter, for a permit, and on a quorum of servers.
+    pub fn fence(&self) -> Option<u64> {
+        self.fence
+    }
+}
+
+/// Introspection: who holds a key. (Beside [`Holder`], which it returns.)
+impl Locker {
+    /// Who holds `key` now, for an operator: empty when it is free; one [`Holder`] for a
+    /// lock; one per live reader for a read lock, or per live permit when `key` is a
+    /// semaphore. One round trip (a read-only script); on a quorum of servers, the
+    /// holders a majority of them agree on.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), redguard::Error> {
+    /// let locker = redguard::Locker::connect("redis://127.0.0.1/")?;
+    /// for holder in locker.holders("payments:7")? {
+    ///     println!("{} for {:?} more", holder.metadata(), holder.ttl());
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for an empty key; [`Error::WrongType`] when the key holds
+    /// another Redis type; [`Error::Redis`] or [`Error::Pool`] when Redis cannot be asked.
+    pub fn holders(&self, key: &str) -> Result<Vec<Holder>> {
+        checked_keys(&[key])?;
+        let shared = self.shared();
+        let stored = format!("{}{key}", shared.prefix);
+        let counter = format!("{}{}", shared.prefix, fence_key(&stored));
+        // One script reads both only where they share a slot (always, but for a key
+        // with an unmatched brace on a cluster).
+        let counter = (slot(&counter) == slot(&stored)).then_some(counter.as_str());
+        match shared.backend.key_holders(&stored, counter)? {
+            KeyHolders::WrongType { kind } => Err(Error::WrongType {
+                key: key.to_owned(),
+                kind,
+            }),
+            KeyHolders::Held {
+                shared,
+                fence,
+                holds,
+            } => Ok(holds
+                .into_iter()
+                .map(|(value, ttl)| {
+                    // A waiting lock's intent on a read lock is no holder (only readers are
+                    // listed: the script gives live scores above now).
+                    Holder::new(metadata_of(&value).to_owned(), ttl, shared, fence)
+                })
+                .collect()),
+        }
     }
 }

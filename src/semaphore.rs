@@ -206,7 +206,9 @@ impl Semaphore {
         match self.holders_reply(false)? {
             Holders::List(list) => Ok(list
                 .into_iter()
-                .map(|(value, ttl)| Holder::new(metadata_of(&value).to_owned(), Some(ttl)))
+                .map(|(value, ttl)| {
+                    Holder::new(metadata_of(&value).to_owned(), Some(ttl), true, None)
+                })
                 .collect()),
             _ => Ok(Vec::new()),
         }

@@ -1,12 +1,15 @@
 //! Where the locks live, and how a request reaches them: one Redis server, a quorum of
 //! independent ones (Redlock), or a Redis Cluster. Each operation is the same script
 //! everywhere (`scripts`, from `lua/`); only how it reaches Redis differs. [`Backend`]
-//! dispatches; `outcome` holds what every backend answers; `pool` gives bounded
+//! dispatches; `call` sends a script (EVALSHA, EVAL on NOSCRIPT); `introspect` asks who
+//! holds what; `outcome` holds what every backend answers; `pool` gives bounded
 //! connections; `quorum` fans a request out to every node and counts the votes;
 //! `cluster` (with `slot`, `masters` and `fence`) routes by hash slot.
 
+mod call;
 mod cluster;
 mod fence;
+mod introspect;
 mod masters;
 mod outcome;
 mod pool;
@@ -20,11 +23,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub(crate) use cluster::ClusterPool;
+pub(crate) use fence::fence_key;
+pub(crate) use introspect::{Holders, KeyHolders};
 pub(crate) use outcome::{Acquired, Refreshed, Released};
 pub use pool::SocketTimeouts;
 pub(crate) use pool::{Bounds, Pool};
 pub(crate) use quorum::Quorum;
-pub(crate) use scripts::{Attempt, Holders, Refresh};
+pub(crate) use scripts::{Attempt, Refresh};
+pub(crate) use slot::slot;
 
 use crate::hold::{Kind, drift_ms};
 use crate::{Error, LockOptions, Result};
@@ -239,6 +245,20 @@ impl Backend {
         }
     }
 
+    /// Who holds `key` (with its fencing counter at `counter`); on a quorum, the holders
+    /// a majority of the nodes agree on.
+    pub(crate) fn key_holders(&self, key: &str, counter: Option<&str>) -> Result<KeyHolders> {
+        let call = introspect::key_holders_call(key, counter);
+        match self {
+            // Read only: safe to repeat.
+            Backend::Single(pool) => pool.run(|con| introspect::parse_key_holders(call.run(con)?)),
+            Backend::Cluster(cluster, _) => {
+                cluster.run(|con| introspect::parse_key_holders(call.run(con)?))
+            }
+            Backend::Quorum(quorum) => quorum.key_holders(&call),
+        }
+    }
+
     /// Takes back a waiting lock's intent on the keys readers share (best effort: it
     /// expires with the lock's TTL anyway).
     pub(crate) fn withdraw(&self, keys: &[String], value: &str, channels: &str) -> Result<()> {
@@ -280,9 +300,9 @@ impl Backend {
     /// [`scripts::holders`]. Read only, so safe to repeat.
     pub(crate) fn holders(&self, key: &str, count_only: bool) -> Result<Holders> {
         match self {
-            Backend::Single(pool) => pool.run(|con| scripts::holders(con, key, count_only)),
+            Backend::Single(pool) => pool.run(|con| introspect::holders(con, key, count_only)),
             Backend::Cluster(cluster, _) => {
-                cluster.run(|con| scripts::holders(con, key, count_only))
+                cluster.run(|con| introspect::holders(con, key, count_only))
             }
             Backend::Quorum(_) => self
                 .supports_permits(&[], "", false)

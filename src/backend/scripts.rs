@@ -10,26 +10,12 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::{
-    Arg, Cmd, ConnectionLike, ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Value,
-};
+use redis::{ConnectionLike, ErrorKind, RedisError, RedisResult, Value};
 
+use super::call::{Call, Lua};
 use super::fence::fence_key;
 use super::outcome::{Acquired, Released};
 use crate::hold::Kind;
-
-/// A script of `lua/`: its text, and the SHA1 that EVALSHA names it by.
-struct Lua {
-    code: &'static str,
-    hash: String,
-}
-
-impl Lua {
-    fn new(code: &'static str) -> Lua {
-        let hash = Script::new(code).get_hash().to_string();
-        Lua { code, hash }
-    }
-}
 
 static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../../lua/acquire.lua")));
 static REFRESH: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../../lua/refresh.lua")));
@@ -41,8 +27,6 @@ static PERMIT_RELEASE: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("../../lua/semaphore/release.lua")));
 static PERMIT_TTL: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("../../lua/semaphore/ttl.lua")));
-static HOLDERS: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(include_str!("../../lua/semaphore/holders.lua")));
 static READ_ACQUIRE: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("../../lua/read/acquire.lua")));
 static READ_RELEASE: LazyLock<Lua> =
@@ -52,74 +36,6 @@ static WITHDRAW: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("../../lua/read/withdraw.lua")));
 static DOWNGRADE: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("../../lua/read/downgrade.lua")));
-
-/// One script call, ready to send: the EVALSHA, and the script's text should the server
-/// not know it.
-pub(crate) struct Call {
-    script: Option<&'static Lua>,
-    cmd: Cmd,
-}
-
-impl Call {
-    fn new(script: &'static Lua, keys: &[&str], args: &[&str]) -> Call {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(&script.hash).arg(keys.len()).arg(keys).arg(args);
-        Call {
-            script: Some(script),
-            cmd,
-        }
-    }
-
-    /// A plain command, no script.
-    pub(crate) fn command(cmd: Cmd) -> Call {
-        Call { script: None, cmd }
-    }
-
-    /// The request as bytes on the wire.
-    pub(crate) fn packed(&self) -> Vec<u8> {
-        self.cmd.get_packed_command()
-    }
-
-    /// Runs the call, sending the script's text if the server answers NOSCRIPT.
-    pub(crate) fn run(&self, con: &mut dyn ConnectionLike) -> RedisResult<Value> {
-        match self.cmd.query(con) {
-            Err(e) if is_noscript(&e) => self.reload_and_run(con),
-            result => result,
-        }
-    }
-
-    /// After a NOSCRIPT answer: the same call as EVAL, with the script's text.
-    pub(crate) fn reload_and_run(&self, con: &mut dyn ConnectionLike) -> RedisResult<Value> {
-        self.eval().query(con)
-    }
-
-    /// The request as EVAL with the script's text, as bytes on the wire: for a request
-    /// that must run whether or not the server knows the script.
-    pub(crate) fn eval_packed(&self) -> Vec<u8> {
-        self.eval().get_packed_command()
-    }
-
-    /// The call as EVAL with the script's text (a plain command stays as it is).
-    fn eval(&self) -> Cmd {
-        let Some(script) = self.script else {
-            return self.cmd.clone();
-        };
-        let mut eval = redis::cmd("EVAL");
-        eval.arg(script.code);
-        // After EVALSHA and the hash: the key count, the keys, the arguments.
-        for arg in self.cmd.args_iter().skip(2) {
-            if let Arg::Simple(bytes) = arg {
-                eval.arg(bytes);
-            }
-        }
-        eval
-    }
-}
-
-/// Whether the server did not know the script (restarted, or SCRIPT FLUSH).
-pub(crate) fn is_noscript(e: &RedisError) -> bool {
-    e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
-}
 
 /// One all-or-nothing attempt to take `keys`; see `lua/acquire.lua`. With `fencing`, each
 /// key's counter (see [`fence_key`]) gives the acquisition a token.
@@ -398,60 +314,6 @@ pub(crate) fn parse_ttl(reply: Value) -> RedisResult<Option<Duration>> {
         -1 => Some(Duration::MAX),
         ms => Some(Duration::from_millis(ms.unsigned_abs())),
     })
-}
-
-/// The live holders of the semaphore at `key`: how many, or each one's
-/// value and remaining TTL, the first to expire first.
-pub(crate) fn holders(
-    con: &mut dyn ConnectionLike,
-    key: &str,
-    count_only: bool,
-) -> RedisResult<Holders> {
-    let what = if count_only { "count" } else { "list" };
-    let reply = Call::new(&HOLDERS, &[key], &[what]).run(con)?;
-    let shape = || {
-        RedisError::from((
-            ErrorKind::UnexpectedReturnType,
-            "holders script answered in an unknown shape",
-        ))
-    };
-    Ok(
-        match redis::from_redis_value::<Vec<Value>>(reply)?.as_slice() {
-            [Value::BulkString(tag), n] if tag == b"count" => {
-                Holders::Count(redis::from_redis_value_ref(n)?)
-            }
-            [Value::BulkString(tag), pairs @ ..] if tag == b"holders" && pairs.len() % 2 == 0 => {
-                Holders::List(
-                    pairs
-                        .chunks_exact(2)
-                        .map(|pair| match pair {
-                            [value, ms] => Ok((
-                                redis::from_redis_value_ref(value)?,
-                                Duration::from_millis(redis::from_redis_value_ref(ms)?),
-                            )),
-                            _ => Err(shape()),
-                        })
-                        .collect::<RedisResult<_>>()?,
-                )
-            }
-            [Value::BulkString(tag), _key, kind] if tag == b"wrongtype" => Holders::WrongType {
-                kind: redis::from_redis_value_ref(kind)?,
-            },
-            _ => return Err(shape()),
-        },
-    )
-}
-
-/// What [`holders`] found.
-#[derive(Debug)]
-pub(crate) enum Holders {
-    Count(u32),
-    /// Each live holder's value and remaining TTL.
-    List(Vec<(String, Duration)>),
-    /// The holders' key holds this other Redis type.
-    WrongType {
-        kind: String,
-    },
 }
 
 /// Takes back the intent a writer with `value` recorded on those of `keys` that readers

@@ -4,6 +4,7 @@ mod cluster;
 mod cluster_server;
 mod faults;
 mod fencing;
+mod holders;
 mod input;
 mod lock;
 mod props;

@@ -7,8 +7,8 @@ use redis::{ErrorKind, RedisError, Value};
 
 use super::Quorum;
 use super::node::{Node, not_asked, refused};
+use crate::backend::call::{Call, is_noscript};
 use crate::backend::pool::Conn;
-use crate::backend::scripts::{self, Call};
 use crate::{Error, Result};
 
 /// Which nodes a fan-out asks.
@@ -192,7 +192,7 @@ impl Node {
             reply
         });
         let reply = match reply {
-            Err(e) if scripts::is_noscript(&e) => con.run(|con| call.reload_and_run(con)),
+            Err(e) if is_noscript(&e) => con.run(|con| call.reload_and_run(con)),
             reply => reply,
         };
         match &reply {

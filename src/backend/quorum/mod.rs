@@ -21,9 +21,11 @@ use redis::{ErrorKind, RedisError, Value};
 
 use self::fan_out::{Ask, Replies};
 use self::node::{Node, refused};
+use super::call::Call;
+use super::introspect::{self, KeyHolders};
 use super::outcome::{Acquired, Refreshed};
 use super::pool::Pool;
-use super::scripts::{self, Attempt, Call, Refresh};
+use super::scripts::{self, Attempt, Refresh};
 use crate::hold::{Kind, drift_ms};
 use crate::{Error, Result};
 
@@ -273,6 +275,53 @@ impl Quorum {
             Some(false) => Ok(None),
             None => Err(Error::Redis(undecided())),
         }
+    }
+
+    /// Who holds a key, as a majority of the nodes see it: each value found on a majority
+    /// of them, with the TTL a majority will still hold it for; the counter is `None` (a
+    /// quorum gives no fencing tokens). An error when the nodes that answered disagree on
+    /// the key's type.
+    pub(crate) fn key_holders(&self, call: &Call) -> Result<KeyHolders> {
+        let (answers, _) = self.answers(call, Ask::Awake, |reply| {
+            Ok(introspect::parse_key_holders(reply)?)
+        })?;
+        let mut seen: Vec<(String, Vec<Option<Duration>>)> = Vec::new();
+        let mut shared = false;
+        for answer in answers {
+            match answer {
+                KeyHolders::Held {
+                    shared: on_node,
+                    holds,
+                    ..
+                } => {
+                    shared |= on_node;
+                    for (value, ttl) in holds {
+                        match seen.iter_mut().find(|(seen, _)| *seen == value) {
+                            Some((_, ttls)) => ttls.push(ttl),
+                            None => seen.push((value, vec![ttl])),
+                        }
+                    }
+                }
+                wrong @ KeyHolders::WrongType { .. } => return Ok(wrong),
+            }
+        }
+        let majority = self.majority();
+        let holds = seen
+            .into_iter()
+            .filter(|(_, ttls)| ttls.len() >= majority)
+            .map(|(value, mut ttls)| {
+                // `None` (no TTL) sorts first: the longest.
+                ttls.sort_unstable_by(|a, b| {
+                    b.unwrap_or(Duration::MAX).cmp(&a.unwrap_or(Duration::MAX))
+                });
+                (value, ttls[majority - 1])
+            })
+            .collect();
+        Ok(KeyHolders::Held {
+            shared,
+            fence: None,
+            holds,
+        })
     }
 
     /// Whether `held` nodes make a majority: `Some(true)` when they do, `Some(false)` when

@@ -1,0 +1,36 @@
+-- holders.lua: who holds a key, as an operator may see it (read only).
+-- KEYS[1]: the key; KEYS[2], if given: its fencing counter.
+-- Returns {what, fence, value, ms, value, ms, ...}: what is 'free', 'lock' (one value; ms
+-- -1 when the key has no TTL), 'read' (each live reader, see read/acquire.lua) or
+-- 'semaphore' (each live permit, see semaphore/acquire.lua); fence is the counter as it
+-- is, or -1 when there is none (or it is not a counter); ms are left on the server's
+-- clock, the first to expire first. Or {'wrongtype', key, type}.
+local time = redis.call('time')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local fence = -1
+if KEYS[2] then
+  local counter = redis.pcall('get', KEYS[2])
+  if type(counter) == 'string' and string.match(counter, '^%d+$') and #counter <= 15 then
+    fence = tonumber(counter)
+  end
+end
+local kind = redis.call('type', KEYS[1]).ok
+if kind == 'none' then
+  return {'free', fence}
+elseif kind == 'string' then
+  return {'lock', fence, redis.call('get', KEYS[1]), redis.call('pttl', KEYS[1])}
+elseif kind == 'zset' then
+  local marker = redis.call('zscore', KEYS[1], '')
+  local what = (marker == '-inf' and 'read') or (marker and tonumber(marker) < 0 and 'semaphore')
+  if not what then
+    return {'wrongtype', KEYS[1], 'zset, not a lock'}
+  end
+  local reply = {what, fence}
+  local live = redis.call('zrangebyscore', KEYS[1], '(' .. string.format('%.0f', now), '+inf', 'withscores')
+  for i = 1, #live, 2 do
+    reply[#reply + 1] = live[i]
+    reply[#reply + 1] = tonumber(live[i + 1]) - now
+  end
+  return reply
+end
+return {'wrongtype', KEYS[1], kind}
