@@ -6,8 +6,9 @@ use redis::{Client, ConnectionInfo, IntoConnectionInfo};
 
 use crate::backend::Backend;
 use crate::backend::{Bounds, ClusterPool, Pool, Quorum};
+use crate::lost::OnLost;
 use crate::options::checked_ttl;
-use crate::{Error, Locker, Result};
+use crate::{Error, Locker, Lost, Result};
 
 /// The longest [`LockerBuilder::node_timeout`]: far longer than any sensible one, short
 /// enough for the clock arithmetic.
@@ -38,6 +39,7 @@ pub struct LockerBuilder {
     /// system's roots.
     #[cfg(feature = "tls")]
     tls_root: Option<Vec<u8>>,
+    on_lost: Option<OnLost>,
 }
 
 impl Default for LockerBuilder {
@@ -54,6 +56,7 @@ impl Default for LockerBuilder {
             node_timeout: Duration::from_millis(250),
             #[cfg(feature = "tls")]
             tls_root: None,
+            on_lost: None,
         }
     }
 }
@@ -111,6 +114,26 @@ impl LockerBuilder {
     /// Defaults to 2 s.
     pub fn io_timeout(mut self, timeout: Duration) -> Self {
         self.bounds.io = timeout;
+        self
+    }
+
+    /// Calls `f` each time the refresher thread finds one of this locker's auto-refreshed
+    /// holds (lock, read lock, permit) lost: once per hold, with its keys and metadata.
+    /// A loss is also logged (`warn`, through the `log` facade) with or without it.
+    ///
+    /// `f` runs on the refresher thread, which keeps every other hold of the locker alive:
+    /// it must return quickly (hand the news to another thread if there is work to do).
+    /// A panic in `f` is caught; the refresher goes on.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), redguard::Error> {
+    /// let locker = redguard::Locker::builder()
+    ///     .on_lost(|lost| eprintln!("lost {:?} ({})", lost.keys(), lost.metadata()))
+    ///     .build("redis://127.0.0.1/")?;
+    /// # Ok(()) }
+    /// ```
+    pub fn on_lost(mut self, f: impl Fn(&Lost) + Send + Sync + 'static) -> Self {
+        self.on_lost = Some(OnLost(Arc::new(f)));
         self
     }
 
@@ -356,7 +379,7 @@ impl LockerBuilder {
     }
 
     fn locker(self, backend: Backend) -> Locker {
-        Locker::new(backend, self.default_ttl, self.prefix)
+        Locker::new(backend, self.default_ttl, self.prefix, self.on_lost)
     }
 
     /// A locker on a caller's pool, with settings already checked.

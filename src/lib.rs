@@ -86,6 +86,14 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Operating it
+//! - [`Locker::holders`] says who holds a key (metadata, TTL, shared or not, fencing
+//!   counter; never a token), for locks, read locks and semaphores alike.
+//! - [`LockerBuilder::on_lost`] is called, on the refresher thread, for each hold found
+//!   lost; the crate also logs through the [`log`](https://docs.rs/log) facade: `warn`
+//!   for a hold lost, a refresh that failed, the subscriber's connection lost; `debug`
+//!   for holds taken, not obtained and given up. Tokens are never logged whole.
+//!
 //! `Locker` is a cheap `Clone` and `Send + Sync`: share it between threads. A `LockGuard` is
 //! `Send`, owns what it needs (it may outlive its `Locker`), and has nothing to deref to.
 //! [`Error`] keeps apart what callers must handle differently.
@@ -156,6 +164,7 @@ mod error; // Error: held elsewhere, lost, bad input, wrong type, Redis unavaila
 mod guard; // LockGuard: a held lock; refresh, ttl, release, released on drop
 mod holder; // Holder: what anyone may see of a live hold (metadata, TTL)
 mod locker; // Locker: lock, try_lock, lock_with, read, try_read, read_with, semaphore
+mod lost; // Lost: what on_lost is told of a hold found lost
 mod options; // LockOptions, and the checks of keys, TTLs and tokens
 mod permit; // Permit: a held permit of a semaphore, given back on drop
 mod read_guard; // ReadGuard: a shared hold of keys (a read lock), given up on drop
@@ -175,6 +184,7 @@ pub use error::{Error, Result};
 pub use guard::LockGuard;
 pub use holder::Holder;
 pub use locker::Locker;
+pub use lost::Lost;
 pub use options::{LockOptions, MAX_KEYS, MAX_TTL};
 pub use permit::Permit;
 pub use read_guard::ReadGuard;

@@ -6,6 +6,7 @@ use redis::{Client, IntoConnectionInfo};
 
 use crate::backend::Backend;
 use crate::hold::{Kind, Refresher, Request, obtain};
+use crate::lost::OnLost;
 use crate::options::{at_most_once, checked_keys};
 use crate::wait::Subscriber;
 use crate::{Error, LockGuard, LockOptions, LockerBuilder, Result, Semaphore};
@@ -45,10 +46,15 @@ pub(crate) struct Shared {
 
 impl Locker {
     /// A locker on `backend`, whose keys (and channels) start with `prefix`.
-    pub(crate) fn new(backend: Backend, default_ttl: Duration, prefix: String) -> Locker {
+    pub(crate) fn new(
+        backend: Backend,
+        default_ttl: Duration,
+        prefix: String,
+        on_lost: Option<OnLost>,
+    ) -> Locker {
         Locker {
             shared: Arc::new(Shared {
-                refresher: Refresher::new(backend.clone()),
+                refresher: Refresher::new(backend.clone(), on_lost),
                 subscriber: Subscriber::new(backend.listen_pools(), &prefix),
                 backend,
                 default_ttl,

@@ -39,6 +39,8 @@ pub(crate) struct Held {
     pub(crate) fences: Vec<u64>,
     timing: Mutex<Timing>,
     lost: AtomicBool,
+    /// Set once the refresher has told of the loss (logged it, called `on_lost`).
+    told: AtomicBool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -116,6 +118,7 @@ impl Held {
             fences,
             timing: Mutex::new(timing),
             lost: AtomicBool::new(false),
+            told: AtomicBool::new(false),
         }
     }
 
@@ -173,6 +176,11 @@ impl Held {
             // have applied either one last, so believe the earlier expiry.
             timing.expires_at = timing.expires_at.min(expires_at);
         }
+    }
+
+    /// Whether the loss is still to be told (`true` once only).
+    pub(crate) fn first_to_tell(&self) -> bool {
+        !self.told.swap(true, Ordering::AcqRel)
     }
 
     pub(crate) fn mark_lost(&self) {

@@ -192,6 +192,7 @@ impl Holding {
             subscriber.release_channels(),
         )?;
         subscriber.released(&held.keys, released.listeners);
+        log::debug!("redguard: {:?} of {:?} given up", held.kind, held.names());
         Ok(released.held)
     }
 }

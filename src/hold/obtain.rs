@@ -185,6 +185,10 @@ pub(crate) fn obtain(
         };
         let Some(mut until) = next else {
             if first {
+                log::debug!(
+                    "redguard: {keys:?} not obtained after {:?}",
+                    started.elapsed()
+                );
                 return Err(Error::NotObtained);
             }
             last_try = true;
@@ -215,6 +219,10 @@ pub(crate) fn obtain(
             Wake::Turn | Wake::Timeout => {}
         }
     };
+    log::debug!(
+        "redguard: {kind:?} of {keys:?} taken after {:?}",
+        started.elapsed()
+    );
     // Taken with the keys: nothing to take back.
     intent.value = None;
     drop(intent);

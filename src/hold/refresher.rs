@@ -18,10 +18,12 @@ use parking_lot::{Condvar, Mutex};
 use super::Held;
 use crate::backend::Refresh;
 use crate::backend::{Backend, Refreshed};
+use crate::lost::{Lost, OnLost};
 
 pub(crate) struct Refresher {
     state: Arc<State>,
     backend: Backend,
+    on_lost: Option<OnLost>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -91,13 +93,14 @@ impl Entry {
 
 impl Refresher {
     /// A refresher that starts its thread with the first lock it is given.
-    pub(crate) fn new(backend: Backend) -> Refresher {
+    pub(crate) fn new(backend: Backend, on_lost: Option<OnLost>) -> Refresher {
         Refresher {
             state: Arc::new(State {
                 schedule: Mutex::new(Schedule::default()),
                 wake: Condvar::new(),
             }),
             backend,
+            on_lost,
             thread: Mutex::new(None),
         }
     }
@@ -138,9 +141,10 @@ impl Refresher {
         if thread.is_none() {
             let state = Arc::clone(&self.state);
             let backend = self.backend.clone();
+            let on_lost = self.on_lost.clone();
             let handle = thread::Builder::new()
                 .name("redguard-refresher".into())
-                .spawn(move || run(&state, &backend))?;
+                .spawn(move || run(&state, &backend, on_lost.as_ref()))?;
             *thread = Some(handle);
         }
         Ok(())
@@ -159,8 +163,9 @@ impl Drop for Refresher {
     }
 }
 
-fn run(state: &State, backend: &Backend) {
+fn run(state: &State, backend: &Backend, on_lost: Option<&OnLost>) {
     let mut batch = Vec::new();
+    let mut lost = Vec::new();
     loop {
         {
             let mut schedule = state.schedule.lock();
@@ -169,8 +174,8 @@ fn run(state: &State, backend: &Backend) {
                     return;
                 }
                 let now = Instant::now();
-                let next = schedule.collect_due(now, &mut batch);
-                if !batch.is_empty() {
+                let next = schedule.collect_due(now, &mut batch, &mut lost);
+                if !batch.is_empty() || !lost.is_empty() {
                     schedule.next_wake = None;
                     break;
                 }
@@ -183,8 +188,35 @@ fn run(state: &State, backend: &Backend) {
                 }
             }
         }
-        refresh(state, backend, &batch);
-        batch.clear();
+        // Told without the schedule's lock: the callback may take its time.
+        for held in lost.drain(..) {
+            tell(&held, on_lost);
+        }
+        if !batch.is_empty() {
+            refresh(state, backend, &batch, on_lost);
+            batch.clear();
+        }
+    }
+}
+
+/// Logs a hold found lost and calls `on_lost`, once per hold (a panic in it is caught).
+fn tell(held: &Held, on_lost: Option<&OnLost>) {
+    if !held.first_to_tell() {
+        return;
+    }
+    // A few characters of the token tell holds apart in a log; the whole would let a
+    // reader of the log release the hold.
+    let token: String = held.token().chars().take(6).collect();
+    log::warn!(
+        "redguard: {:?} lost (token {token}…, metadata {:?}): it expired or was taken before the refresher could extend it",
+        held.names(),
+        held.metadata()
+    );
+    if let Some(OnLost(f)) = on_lost {
+        let lost = Lost::new(held.names().to_vec(), held.metadata().to_owned());
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&lost))).is_err() {
+            log::warn!("redguard: the on_lost callback panicked; the refresher goes on");
+        }
     }
 }
 
@@ -193,11 +225,17 @@ impl Schedule {
     /// (so that they share the round trip, and stay together from then on); drops lost
     /// ones; returns when the next lock falls due. Locks that are only nearly due never
     /// start a round trip by themselves, or they would trickle out one small batch each.
-    fn collect_due(&mut self, now: Instant, batch: &mut Vec<Arc<Held>>) -> Option<Instant> {
+    fn collect_due(
+        &mut self,
+        now: Instant,
+        batch: &mut Vec<Arc<Held>>,
+        lost: &mut Vec<Arc<Held>>,
+    ) -> Option<Instant> {
         let mut next: Option<Instant> = None;
         let mut any_due = false;
         self.entries.retain(|_, entry| {
             if entry.held.is_lost() {
+                lost.push(Arc::clone(&entry.held));
                 return false;
             }
             let (due, slack) = entry.due();
@@ -220,7 +258,7 @@ impl Schedule {
 
 /// One round trip for the whole batch, then the bookkeeping, without holding the
 /// schedule's lock across the I/O.
-fn refresh(state: &State, backend: &Backend, batch: &[Arc<Held>]) {
+fn refresh(state: &State, backend: &Backend, batch: &[Arc<Held>], on_lost: Option<&OnLost>) {
     let ttls: Vec<u64> = batch.iter().map(|held| held.timing().ttl_ms).collect();
     let locks: Vec<Refresh<'_>> = batch
         .iter()
@@ -234,11 +272,18 @@ fn refresh(state: &State, backend: &Backend, batch: &[Arc<Held>]) {
         .collect();
     let result = backend.refresh(&locks);
 
-    let mut schedule = state.schedule.lock();
     let outcomes = match result {
         Ok(outcomes) => outcomes,
-        Err(_) => vec![Refreshed::Unknown; batch.len()],
+        Err(e) => {
+            log::warn!(
+                "redguard: refreshing {} holds failed, to be tried again: {e}",
+                batch.len()
+            );
+            vec![Refreshed::Unknown; batch.len()]
+        }
     };
+    let mut found_lost = Vec::new();
+    let mut schedule = state.schedule.lock();
     let now = Instant::now();
     for ((held, &ttl), outcome) in batch.iter().zip(&ttls).zip(outcomes) {
         match outcome {
@@ -251,9 +296,11 @@ fn refresh(state: &State, backend: &Backend, batch: &[Arc<Held>]) {
             Refreshed::Lost => {
                 held.mark_lost();
                 schedule.entries.remove(&held.id);
+                found_lost.push(held);
             }
             Refreshed::Unknown if held.is_lost() => {
                 schedule.entries.remove(&held.id);
+                found_lost.push(held);
             }
             Refreshed::Unknown => {
                 if let Some(entry) = schedule.entries.get_mut(&held.id) {
@@ -261,5 +308,9 @@ fn refresh(state: &State, backend: &Backend, batch: &[Arc<Held>]) {
                 }
             }
         }
+    }
+    drop(schedule);
+    for held in found_lost {
+        tell(held, on_lost);
     }
 }

@@ -224,7 +224,16 @@ fn listen_until_stopped(board: &Board, pools: &[Pool]) {
         };
         match listen(board, pool, &mut backoff) {
             Ok(()) => return, // stopped
-            Err(_) => board.disconnected(),
+            Err(e) => {
+                // Once per outage (the backoff starts afresh on each good connection).
+                if backoff == Duration::from_millis(10) {
+                    log::warn!(
+                        "redguard: the subscriber's connection failed ({e}); until it is back, \
+                         waiters wait out their retry delays"
+                    );
+                }
+                board.disconnected();
+            }
         }
         listening = (listening + 1) % pools.len();
         let mut state = board.state.lock();

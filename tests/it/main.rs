@@ -7,6 +7,7 @@ mod fencing;
 mod holders;
 mod input;
 mod lock;
+mod lost;
 mod props;
 mod queue;
 mod read;

@@ -1,0 +1,145 @@
+//! A hold found lost: `on_lost` is called once per hold, and a `warn` is logged.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use redguard::{LockOptions, Locker};
+
+use crate::server::RedisServer;
+use crate::{eventually, in_child_process};
+
+const TTL: Duration = Duration::from_millis(300);
+
+/// What `on_lost` was told of one hold: its keys and metadata.
+type Told = (Vec<String>, String);
+
+fn short() -> LockOptions {
+    LockOptions::default().ttl(TTL).metadata("m")
+}
+
+#[test]
+fn on_lost_is_called_once_per_lost_hold_with_its_keys() {
+    let server = RedisServer::start();
+    let told: Arc<Mutex<Vec<Told>>> = Arc::default();
+    let locker = {
+        let told = Arc::clone(&told);
+        Locker::builder()
+            .on_lost(move |lost| {
+                told.lock()
+                    .push((lost.keys().to_vec(), lost.metadata().to_owned()));
+            })
+            .build(server.url())
+            .unwrap()
+    };
+    let lock = locker.lock_with(&["a", "b"], short()).unwrap();
+    let read = locker.read_with(&["r"], short()).unwrap();
+    let permit = locker
+        .semaphore("s", 2)
+        .unwrap()
+        .acquire_with(short())
+        .unwrap();
+    let kept = locker.lock_with(&["kept"], short()).unwrap();
+    for key in ["a", "r", "s"] {
+        server.query::<u32>(&["DEL", key]);
+    }
+    eventually(Duration::from_secs(3), "all three are told", || {
+        told.lock().len() >= 3
+    });
+    thread::sleep(TTL * 2); // more refreshes: nothing is told twice
+    let mut told = told.lock().clone();
+    told.sort();
+    let m = || "m".to_string();
+    assert_eq!(
+        told,
+        [
+            (vec!["a".to_string(), "b".to_string()], m()),
+            (vec!["r".to_string()], m()),
+            (vec!["s".to_string()], m()),
+        ]
+    );
+    assert!(lock.is_lost() && read.is_lost() && permit.is_lost());
+    assert!(!kept.is_lost(), "the others are kept");
+}
+
+#[test]
+fn a_panicking_callback_leaves_the_refresher_working() {
+    let server = RedisServer::start();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let locker = {
+        let calls = Arc::clone(&calls);
+        Locker::builder()
+            .on_lost(move |_| {
+                calls.fetch_add(1, Ordering::SeqCst);
+                panic!("a careless callback");
+            })
+            .build(server.url())
+            .unwrap()
+    };
+    let first = locker.lock_with(&["first"], short()).unwrap();
+    let second = locker.lock_with(&["second"], short()).unwrap();
+    server.query::<u32>(&["DEL", "first"]);
+    eventually(Duration::from_secs(3), "told", || {
+        calls.load(Ordering::SeqCst) == 1
+    });
+    thread::sleep(TTL * 3); // the refresher lives on: the second lock is kept
+    assert!(first.is_lost() && !second.is_lost());
+    server.query::<u32>(&["DEL", "second"]);
+    eventually(Duration::from_secs(3), "told again", || {
+        calls.load(Ordering::SeqCst) == 2
+    });
+}
+
+#[test]
+fn each_lost_hold_is_one_warning_in_the_log() {
+    in_child_process("lost::warnings_child");
+}
+
+/// Keeps the `warn` records (a process has one logger: hence a child process).
+struct Recorder(Mutex<Vec<String>>);
+
+impl log::Log for Recorder {
+    fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
+        metadata.level() <= log::Level::Warn
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        if self.enabled(record.metadata()) {
+            self.0.lock().push(record.args().to_string());
+        }
+    }
+
+    fn flush(&self) {}
+}
+
+static RECORDER: Recorder = Recorder(Mutex::new(Vec::new()));
+
+#[test]
+#[ignore = "run by each_lost_hold_is_one_warning_in_the_log"]
+fn warnings_child() {
+    assert_eq!(std::env::var("REDGUARD_CHILD").as_deref(), Ok("1"));
+    log::set_logger(&RECORDER).unwrap();
+    log::set_max_level(log::LevelFilter::Warn);
+    let server = RedisServer::start();
+    let locker = Locker::connect(server.url()).unwrap();
+    let guards: Vec<_> = ["x", "y"]
+        .iter()
+        .map(|key| locker.lock_with(&[key], short()).unwrap())
+        .collect();
+    server.query::<u32>(&["DEL", "x", "y"]);
+    eventually(Duration::from_secs(3), "both lost", || {
+        guards.iter().all(|guard| guard.is_lost())
+    });
+    thread::sleep(TTL);
+    let warnings = RECORDER.0.lock().clone();
+    let lost: Vec<&String> = warnings.iter().filter(|w| w.contains("lost")).collect();
+    assert_eq!(lost.len(), 2, "{warnings:?}");
+    for guard in &guards {
+        assert!(
+            !lost.iter().any(|w| w.contains(guard.token())),
+            "no whole token"
+        );
+    }
+}
