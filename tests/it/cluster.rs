@@ -186,7 +186,7 @@ fn a_slot_moved_to_another_master_during_a_hold_is_followed() {
 #[test]
 fn unreachable_seeds_are_an_error_within_the_bounds() {
     let started = Instant::now();
-    let closed = format!("redis://127.0.0.1:{}/", crate::server::free_port());
+    let closed = crate::server::closed_url(0);
     let result = Locker::builder()
         .connect_timeout(Duration::from_millis(300))
         .checkout_timeout(Duration::from_millis(600))

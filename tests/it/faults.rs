@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use redguard::{Error, LockOptions, Locker, SocketTimeouts};
 
-use crate::server::{RedisServer, free_port};
+use crate::server::{RedisServer, closed_url};
 use crate::tight;
 
 /// With [`tight`] bounds, each failing call below should end well within this.
@@ -28,7 +28,7 @@ fn permanent_connect_errors_come_back_at_once_saying_what_happened() {
         .trim_end_matches('/')
         .to_string();
     let cases = [
-        (format!("redis://127.0.0.1:{}/", free_port()), "refused"),
+        (closed_url(0), "refused"),
         ("redis://no-such-host.invalid/".to_string(), "host"),
         (format!("redis://127.0.0.1:{port}/99"), "database"),
         (format!("redis://app:wrong@127.0.0.1:{port}/"), "password"),

@@ -92,10 +92,17 @@ impl RedisServer {
             if let Ok(Some(_)) = self.child.try_wait() {
                 return false; // exited: most likely the port was taken
             }
+            // Ours, not a server of another test (or test run) that had the port first
+            // while ours failed to bind it: two tests sharing a server see each other's
+            // keys, restarts and pauses.
             if let Ok(mut con) = self.try_connection()
-                && redis::cmd("PING").query::<String>(&mut con).is_ok()
+                && let Ok(info) = redis::cmd("INFO").arg("server").query::<String>(&mut con)
             {
-                return true;
+                let pid = info
+                    .lines()
+                    .find_map(|line| line.strip_prefix("process_id:"))
+                    .and_then(|pid| pid.trim().parse::<u32>().ok());
+                return pid == Some(self.child.id());
             }
             thread::sleep(Duration::from_millis(5));
         }
@@ -247,6 +254,15 @@ pub fn url_or_throwaway() -> (String, Option<RedisServer>) {
 }
 
 /// A loopback port that nothing listened on a moment ago.
+/// The `n`th (0 to 9) of ten loopback URLs where nothing listens, and no test's server
+/// ever will: ports 1 to 10 are far below the ephemeral range that `free_port` draws
+/// from (a port free now may be a server's a moment later, in this test binary or in
+/// another run beside it).
+pub fn closed_url(n: u16) -> String {
+    assert!(n < 10, "ten closed ports");
+    format!("redis://127.0.0.1:{}/", n + 1)
+}
+
 pub fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
     listener.local_addr().expect("local address").port()

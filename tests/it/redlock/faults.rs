@@ -130,7 +130,7 @@ fn clients_that_each_reach_a_different_three_of_five_exclude_each_other() {
     let servers = five();
     let all = urls(&servers);
     // A node a client cannot reach: a closed port in its place.
-    let unreachable = || format!("redis://127.0.0.1:{}/", free_port());
+    let unreachable = |i: usize| closed_url(i as u16);
     let views = [[0, 1, 2], [2, 3, 4], [0, 3, 4], [1, 2, 4]];
     let lockers: Vec<Locker> = views
         .iter()
@@ -140,7 +140,7 @@ fn clients_that_each_reach_a_different_three_of_five_exclude_each_other() {
                     if view.contains(&i) {
                         all[i].clone()
                     } else {
-                        unreachable()
+                        unreachable(i)
                     }
                 })
                 .collect();

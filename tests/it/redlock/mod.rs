@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use redguard::{Error, LockOptions, Locker, Retry};
 
 use crate::eventually;
-use crate::server::{RedisServer, free_port};
+use crate::server::{RedisServer, closed_url};
 use crate::wake::{waiter, woken_after_release};
 
 /// Far above a round trip on a loaded 2-core machine; far below the TTLs used here.
@@ -137,7 +137,7 @@ fn bad_quorum_settings_are_refused_before_locking() {
     assert!(matches!(tiny, Err(Error::InvalidInput(_))), "{tiny:?}");
     // A majority unreachable at build time.
     let mostly_closed: Vec<String> = (0..3)
-        .map(|_| format!("redis://127.0.0.1:{}/", free_port()))
+        .map(closed_url)
         .chain(urls[..2].iter().cloned())
         .collect();
     let started = Instant::now();
