@@ -149,6 +149,16 @@
 //!   lockers are not starved; no order between them is guaranteed.
 //!
 //! # Features
+//! - `metrics`: counters, gauges and histograms through the
+//!   [`metrics`](https://docs.rs/metrics) facade, for whichever recorder the application
+//!   installs (Prometheus and others). Labels name the kind of hold (`lock`, `read`,
+//!   `permit`) and the outcome, never a key:
+//!   `redguard_acquisitions_total{kind, result}` (`held`, `not_obtained`, `error`),
+//!   `redguard_wait_seconds{kind}` and `redguard_hold_seconds{kind}` (histograms),
+//!   `redguard_lost_total{kind}`, `redguard_refreshes_total{result}` (`held`, `lost`,
+//!   `unknown`, one per hold refreshed), `redguard_refresh_round_trip_seconds`,
+//!   `redguard_holds` and `redguard_waiting` (gauges: holds alive, threads waiting in
+//!   line), `redguard_wakeups_total{source}` (`release`, `handover`, `turn`, `timeout`).
 //! - `tls`: `rediss://` URLs, through rustls with ring (no OpenSSL); see
 //!   [security](guide::security). rustls needs a process-wide crypto provider, which
 //!   redis-rs takes as it finds it: when a locker for `rediss://` servers is built and none
@@ -174,6 +184,7 @@ mod semaphore; // Semaphore: at most N holders of a name; acquire, available, ho
 // The machinery under them.
 mod backend; // how a request reaches Redis: scripts, pools, one server, quorum, cluster
 mod hold; // any hold (lock, permit): the waiting loop, its state, token, refresher thread
+mod stats; // what a locker counts, through the metrics facade (feature `metrics`)
 mod wait; // waiters woken by releases: the subscriber thread and its board
 
 pub mod guide; // the manual (docs/*.md): semantics, read locks, semaphores, fencing, security, scaling out, performance

@@ -10,12 +10,14 @@ use super::{Held, Kind, Timing};
 use crate::backend::{Acquired, Attempt, Refresh, Refreshed};
 use crate::locker::Shared;
 use crate::options::checked_ttl;
-use crate::{Error, Result};
+use crate::{Error, Result, stats};
 
 pub(crate) struct Holding {
     shared: Arc<Shared>,
     held: Arc<Held>,
     auto_refresh: bool,
+    /// When it was taken (for the hold time the metrics report).
+    taken_at: Instant,
     /// Set once released, so that `Drop` does nothing more.
     released: bool,
 }
@@ -28,8 +30,10 @@ impl Holding {
             shared,
             held: Arc::new(held),
             auto_refresh,
+            taken_at: Instant::now(),
             released: false,
         };
+        stats::hold_began();
         if auto_refresh {
             let held = Arc::clone(&holding.held);
             holding
@@ -203,5 +207,6 @@ impl Drop for Holding {
             // Best effort: a hold we cannot give up expires with its TTL.
             let _ = self.unlock();
         }
+        stats::hold_ended(self.held.kind, self.taken_at.elapsed());
     }
 }

@@ -10,7 +10,7 @@ use crate::backend::{Acquired, Attempt};
 use crate::locker::Shared;
 use crate::options::{checked_token, checked_ttl};
 use crate::wait::{Offer, Seen, Ticket, Wake};
-use crate::{Error, LockOptions, Result};
+use crate::{Error, LockOptions, Result, stats};
 
 /// On a quorum, a release heard from one node may not have reached the others yet: an
 /// attempt right after it that finds only some nodes free ([`Acquired::Partial`]) is
@@ -31,6 +31,24 @@ pub(crate) struct Request {
 /// Obtains `request` as `options` say, with `no_quorum` as the error when too few quorum
 /// nodes answer.
 pub(crate) fn obtain(
+    shared: &Arc<Shared>,
+    request: Request,
+    options: LockOptions,
+    no_quorum: impl Fn() -> Error,
+) -> Result<Holding> {
+    let (kind, started) = (request.kind, Instant::now());
+    let obtained = attempts(shared, request, options, no_quorum);
+    let result = match &obtained {
+        Ok(_) => "held",
+        Err(Error::NotObtained) => "not_obtained",
+        Err(_) => "error",
+    };
+    stats::acquired(kind, result, started.elapsed());
+    obtained
+}
+
+/// [`obtain`]'s attempts and waits.
+fn attempts(
     shared: &Arc<Shared>,
     request: Request,
     options: LockOptions,
@@ -211,12 +229,17 @@ pub(crate) fn obtain(
         let ticket = ticket.get_or_insert_with(|| subscriber.wait_for(Arc::clone(&offer), before));
         match ticket.wait_until(until) {
             Wake::Handed { fences, sent_at } => {
+                stats::woken("handover");
                 ticket.got_lock();
                 attempt_value = None; // handed the offer's value
                 break (fences, sent_at);
             }
-            Wake::Released => quick = QUICK_RETRIES,
-            Wake::Turn | Wake::Timeout => {}
+            Wake::Released => {
+                stats::woken("release");
+                quick = QUICK_RETRIES;
+            }
+            Wake::Turn => stats::woken("turn"),
+            Wake::Timeout => stats::woken("timeout"),
         }
     };
     log::debug!(

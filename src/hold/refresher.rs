@@ -19,6 +19,7 @@ use super::Held;
 use crate::backend::Refresh;
 use crate::backend::{Backend, Refreshed};
 use crate::lost::{Lost, OnLost};
+use crate::stats;
 
 pub(crate) struct Refresher {
     state: Arc<State>,
@@ -204,6 +205,7 @@ fn tell(held: &Held, on_lost: Option<&OnLost>) {
     if !held.first_to_tell() {
         return;
     }
+    stats::lost(held.kind);
     // A few characters of the token tell holds apart in a log; the whole would let a
     // reader of the log release the hold.
     let token: String = held.token().chars().take(6).collect();
@@ -270,7 +272,9 @@ fn refresh(state: &State, backend: &Backend, batch: &[Arc<Held>], on_lost: Optio
             ttl_ms,
         })
         .collect();
+    let sent_at = Instant::now();
     let result = backend.refresh(&locks);
+    let round_trip = sent_at.elapsed();
 
     let outcomes = match result {
         Ok(outcomes) => outcomes,
@@ -285,9 +289,11 @@ fn refresh(state: &State, backend: &Backend, batch: &[Arc<Held>], on_lost: Optio
     let mut found_lost = Vec::new();
     let mut schedule = state.schedule.lock();
     let now = Instant::now();
+    let (mut kept, mut unknown) = (0, 0);
     for ((held, &ttl), outcome) in batch.iter().zip(&ttls).zip(outcomes) {
         match outcome {
             Refreshed::Held { sent_at } => {
+                kept += 1;
                 held.refreshed(sent_at, ttl);
                 if let Some(entry) = schedule.entries.get_mut(&held.id) {
                     entry.succeeded();
@@ -303,6 +309,7 @@ fn refresh(state: &State, backend: &Backend, batch: &[Arc<Held>], on_lost: Optio
                 found_lost.push(held);
             }
             Refreshed::Unknown => {
+                unknown += 1;
                 if let Some(entry) = schedule.entries.get_mut(&held.id) {
                     entry.failed(now);
                 }
@@ -310,6 +317,7 @@ fn refresh(state: &State, backend: &Backend, batch: &[Arc<Held>], on_lost: Optio
         }
     }
     drop(schedule);
+    stats::refreshed(kept, found_lost.len() as u64, unknown, round_trip);
     for held in found_lost {
         tell(held, on_lost);
     }

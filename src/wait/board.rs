@@ -112,6 +112,7 @@ impl<'a> Ticket<'a> {
         let mut state = board.state.lock();
         let (id, wake) = state.lines.join(offer);
         board.waiting.fetch_add(1, Ordering::SeqCst);
+        crate::stats::waiting(true);
         drop(state);
         let new_keys = watch && board.register(&keys);
         let ticket = Ticket {
@@ -198,6 +199,7 @@ impl Drop for Ticket<'_> {
         let mut state = self.board.state.lock();
         state.lines.leave(self.id, self.got_lock);
         self.board.waiting.fetch_sub(1, Ordering::SeqCst);
+        crate::stats::waiting(false);
         drop(state);
         if self.watched {
             self.board.unregister(&self.keys);

@@ -17,6 +17,7 @@ mod refresh;
 mod security;
 mod semaphore;
 mod server;
+mod stats;
 mod stress;
 mod threads;
 mod tls;
