@@ -1,3 +1,7 @@
+//! `LockerBuilder`: every setting of a locker, and the three ways to build one (one server,
+//! a quorum, a cluster). (Over 400 lines: one documented setter per setting, each with its
+//! default and bounds, and the checks that refuse bad ones before any connection.)
+
 use std::sync::Arc;
 use std::time::Duration;
 

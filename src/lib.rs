@@ -149,6 +149,8 @@
 //!   lockers are not starved; no order between them is guaranteed.
 //!
 //! # Features
+//! - `testing`: [`testing::Server`], a private `redis-server` on a free loopback port for
+//!   your own tests, stopped on drop (and if the test process dies).
 //! - `metrics`: counters, gauges and histograms through the
 //!   [`metrics`](https://docs.rs/metrics) facade, for whichever recorder the application
 //!   installs (Prometheus and others). Labels name the kind of hold (`lock`, `read`,
@@ -187,7 +189,9 @@ mod hold; // any hold (lock, permit): the waiting loop, its state, token, refres
 mod stats; // what a locker counts, through the metrics facade (feature `metrics`)
 mod wait; // waiters woken by releases: the subscriber thread and its board
 
-pub mod guide; // the manual (docs/*.md): semantics, read locks, semaphores, fencing, security, scaling out, performance
+pub mod guide;
+#[cfg(feature = "testing")]
+pub mod testing; // Server: a private redis-server for tests (feature `testing`) // the manual (docs/*.md): semantics, read locks, semaphores, fencing, security, scaling out, performance
 
 pub use backend::SocketTimeouts;
 pub use builder::LockerBuilder;

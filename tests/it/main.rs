@@ -19,6 +19,7 @@ mod semaphore;
 mod server;
 mod stats;
 mod stress;
+mod testing;
 mod threads;
 mod tls;
 mod wake;

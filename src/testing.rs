@@ -1,0 +1,323 @@
+//! A private `redis-server` for tests (feature `testing`): test your own code against a
+//! real server, as redguard's own tests do.
+//!
+//! ```no_run
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use redguard::Locker;
+//! use redguard::testing::Server;
+//!
+//! // In a #[test]: a server of this test's own, on a free loopback port, in memory only.
+//! let server = Server::start()?;
+//! let locker = Locker::connect(server.url())?;
+//! let guard = locker.lock(&["report"])?;
+//! assert!(locker.try_lock(&["report"])?.is_none(), "held once");
+//! drop(guard);
+//! // The server stops when `server` drops, and also if the test process dies.
+//! # Ok(()) }
+//! ```
+//!
+//! `REDIS_SERVER` names the binary to run when `redis-server` is not on the PATH.
+
+use std::io::{self, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+const INSTALL_HINT: &str = "Install it: `apt-get install -y redis-server` (Debian, Ubuntu), \
+     `brew install redis` (macOS), or set REDIS_SERVER to its path";
+
+/// A `redis-server` of its own, on a free port of 127.0.0.1; stopped (SIGKILL) on drop.
+/// On Unix a watchdog (`sh`, waiting on a pipe from this process) stops it too if this
+/// process dies first, so a crashed test leaves no server behind.
+pub struct Server {
+    child: Child,
+    /// The watchdog, and its end of the pipe: closed when this process dies.
+    watchdog: Option<(Child, ChildStdin)>,
+    port: u16,
+    /// Where a persistent server keeps its append-only file; removed on drop.
+    dir: Option<PathBuf>,
+    /// A TLS-only server's certificates: the directory, and the CA's certificate (PEM).
+    tls: Option<(PathBuf, Vec<u8>)>,
+}
+
+impl Server {
+    /// Starts a server (no persistence) on a free port and waits until it answers.
+    ///
+    /// # Errors
+    /// `NotFound`, saying how to install it, when there is no `redis-server` to run;
+    /// another error when it does not come up.
+    pub fn start() -> io::Result<Server> {
+        Server::start_on_free_port(None, None)
+    }
+
+    /// Like [`start`](Self::start), with every write in an append-only file fsynced at
+    /// once (in a directory of its own, removed on drop), so that a [`kill`](Self::kill)
+    /// and [`restart`](Self::restart) lose nothing.
+    ///
+    /// # Errors
+    /// As [`start`](Self::start), and when the directory cannot be made.
+    pub fn start_persistent() -> io::Result<Server> {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("redguard-test-{}-{n}", std::process::id());
+        let dir = std::env::temp_dir().join(name);
+        // A killed earlier run with the same process id may have left an old file there.
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        Server::start_on_free_port(Some(dir), None)
+    }
+
+    /// A server that speaks TLS only (`rediss://`), with the certificates in `certs`
+    /// (`ca.crt`, `server.crt`, `server.key`); `ca` is the CA certificate (PEM), which
+    /// [`url`](Self::url)'s clients must trust. Needs a `redis-server` built with TLS.
+    ///
+    /// # Errors
+    /// As [`start`](Self::start).
+    #[cfg(feature = "tls")]
+    pub fn start_tls(certs: &Path, ca: Vec<u8>) -> io::Result<Server> {
+        Server::start_on_free_port(None, Some((certs.to_path_buf(), ca)))
+    }
+
+    fn start_on_free_port(
+        dir: Option<PathBuf>,
+        tls: Option<(PathBuf, Vec<u8>)>,
+    ) -> io::Result<Server> {
+        // A free port can be taken between our probe and the server's bind: try a few.
+        for _ in 0..5 {
+            let port = free_port()?;
+            let certs = tls.as_ref().map(|(certs, _)| certs.as_path());
+            let child = spawn(port, dir.as_deref(), certs)?;
+            let mut server = Server {
+                watchdog: watchdog(child.id()),
+                child,
+                port,
+                dir: dir.clone(),
+                tls: tls.clone(),
+            };
+            if server.wait_until_ready() {
+                return Ok(server);
+            }
+            server.dir = None; // the next try uses the directory: keep it
+        }
+        Err(io::Error::other(
+            "redis-server did not come up on a free port after 5 tries",
+        ))
+    }
+
+    /// Its URL: `redis://127.0.0.1:<port>/` (`rediss://` for a TLS server).
+    pub fn url(&self) -> String {
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://127.0.0.1:{}/", self.port)
+    }
+
+    /// Its port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Freezes it (SIGSTOP): connections stay open, nothing answers; for testing what a
+    /// frozen server does to your code.
+    ///
+    /// # Errors
+    /// When the signal cannot be sent.
+    pub fn pause(&self) -> io::Result<()> {
+        self.signal("STOP")
+    }
+
+    /// Undoes [`pause`](Self::pause) (SIGCONT).
+    ///
+    /// # Errors
+    /// When the signal cannot be sent.
+    pub fn resume(&self) -> io::Result<()> {
+        self.signal("CONT")
+    }
+
+    /// Kills it (SIGKILL: no shutdown, no save) and waits until it is gone.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts it again on the same port (and directory), after [`kill`](Self::kill).
+    ///
+    /// # Errors
+    /// When it does not come back within about five seconds.
+    pub fn restart(&mut self) -> io::Result<()> {
+        for _ in 0..50 {
+            self.kill(); // a try that did not come up must not linger
+            let certs = self.tls.as_ref().map(|(certs, _)| certs.as_path());
+            self.child = spawn(self.port, self.dir.as_deref(), certs)?;
+            self.stop_watchdog();
+            self.watchdog = watchdog(self.child.id());
+            if self.wait_until_ready() {
+                return Ok(());
+            }
+            thread::sleep(Duration::from_millis(100)); // the port may linger a moment
+        }
+        Err(io::Error::other(format!(
+            "redis-server did not come back on port {}",
+            self.port
+        )))
+    }
+
+    /// Waits until the server answers, and is ours: not a server of another test that
+    /// had the port first while ours failed to bind it.
+    fn wait_until_ready(&mut self) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return false; // exited: most likely the port was taken
+            }
+            if let Some(pid) = self.answering_pid() {
+                return pid == self.child.id();
+            }
+            thread::sleep(Duration::from_millis(5));
+        }
+        false
+    }
+
+    /// A client for it (trusting its CA, for a TLS server): for looking at the server,
+    /// or tampering with it, behind your locker's back.
+    ///
+    /// # Errors
+    /// As `redis::Client::open`.
+    pub fn client(&self) -> redis::RedisResult<redis::Client> {
+        match &self.tls {
+            #[cfg(feature = "tls")]
+            Some((_, ca)) => redis::Client::build_with_tls(
+                self.url(),
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(ca.clone()),
+                },
+            ),
+            _ => redis::Client::open(self.url()),
+        }
+    }
+
+    /// The process id of whatever server answers on the port, if one does.
+    fn answering_pid(&self) -> Option<u32> {
+        let mut con = self
+            .client()
+            .ok()?
+            .get_connection_with_timeout(Duration::from_secs(1))
+            .ok()?;
+        con.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        let info: String = redis::cmd("INFO").arg("server").query(&mut con).ok()?;
+        info.lines()
+            .find_map(|line| line.strip_prefix("process_id:"))
+            .and_then(|pid| pid.trim().parse().ok())
+    }
+
+    fn signal(&self, name: &str) -> io::Result<()> {
+        let status = Command::new("kill")
+            .args([&format!("-{name}"), &self.child.id().to_string()])
+            .status()?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(io::Error::other(format!("kill -{name} failed")))
+        }
+    }
+
+    /// Ends the watchdog first, so that it never signals a process id reused after ours.
+    fn stop_watchdog(&mut self) {
+        if let Some((mut watchdog, _pipe)) = self.watchdog.take() {
+            let _ = watchdog.kill();
+            let _ = watchdog.wait();
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop_watchdog();
+        self.kill(); // SIGKILL also ends a paused server
+        if let Some(dir) = &self.dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("url", &self.url())
+            .field("pid", &self.child.id())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A shell that kills `pid` once its standard input closes: when this process exits or
+/// dies, the kernel closes our end of the pipe. Best effort: without `sh`, none.
+fn watchdog(pid: u32) -> Option<(Child, ChildStdin)> {
+    if !cfg!(unix) {
+        return None;
+    }
+    let mut child = Command::new("sh")
+        .args(["-c", &format!("read _; kill -9 {pid} 2>/dev/null")])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    let mut pipe = child.stdin.take()?;
+    // Nothing to write: the pipe only has to stay open. (A flush checks it is.)
+    pipe.flush().ok()?;
+    Some((child, pipe))
+}
+
+/// A loopback port that nothing listened on a moment ago.
+fn free_port() -> io::Result<u16> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// Starts `redis-server` on `port`: in memory only, or with every write fsynced to an
+/// append-only file in `dir`; speaking TLS only when given `certs`.
+fn spawn(port: u16, dir: Option<&Path>, certs: Option<&Path>) -> io::Result<Child> {
+    let binary = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
+    let mut command = Command::new(&binary);
+    command.args(["--bind", "127.0.0.1", "--save", "", "--daemonize", "no"]);
+    match certs {
+        None => command.args(["--port", &port.to_string()]),
+        Some(certs) => command
+            .args(["--port", "0", "--tls-port", &port.to_string()])
+            .args(["--tls-auth-clients", "no", "--tls-cert-file"])
+            .arg(certs.join("server.crt"))
+            .arg("--tls-key-file")
+            .arg(certs.join("server.key"))
+            .arg("--tls-ca-cert-file")
+            .arg(certs.join("ca.crt")),
+    };
+    match dir {
+        None => command.args(["--appendonly", "no"]),
+        Some(dir) => command
+            .args(["--appendonly", "yes", "--appendfsync", "always", "--dir"])
+            .arg(dir),
+    };
+    command
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| match e.kind() {
+            io::ErrorKind::NotFound => io::Error::new(
+                io::ErrorKind::NotFound,
+                format!(
+                    "{binary} was not found: tests need a redis-server of their own. {INSTALL_HINT}"
+                ),
+            ),
+            _ => io::Error::new(e.kind(), format!("could not start {binary}: {e}")),
+        })
+}
