@@ -1,5 +1,6 @@
 //! Integration tests: one binary (links once), each test against its own redis-server.
 
+mod cli;
 mod cluster;
 mod cluster_server;
 mod faults;
