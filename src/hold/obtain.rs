@@ -226,8 +226,13 @@ fn attempts(
             // At a random moment, so that the woken waiters do not collide again.
             until = until.min(now + QUICK_PAUSE + delays.jitter(QUICK_PAUSE * 4));
         }
-        let ticket = ticket.get_or_insert_with(|| subscriber.wait_for(Arc::clone(&offer), before));
-        match ticket.wait_until(until) {
+        let ticket = ticket.get_or_insert_with(|| {
+            log::debug!("redguard: {kind:?} of {keys:?} held elsewhere: waiting in line");
+            subscriber.wait_for(Arc::clone(&offer), before)
+        });
+        let wake = ticket.wait_until(until);
+        log::debug!("redguard: a waiter for {keys:?} woke: {wake:?}");
+        match wake {
             Wake::Handed { fences, sent_at } => {
                 stats::woken("handover");
                 ticket.got_lock();
