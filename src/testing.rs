@@ -102,7 +102,8 @@ impl Server {
             server.dir = None; // the next try uses the directory: keep it
         }
         Err(io::Error::other(
-            "redis-server did not come up on a free port after 5 tries",
+            "redis-server did not come up on a free port after 5 tries (a REDIS_SERVER \
+             that is a script must exec redis-server: the server must be our child)",
         ))
     }
 
@@ -145,6 +146,7 @@ impl Server {
 
     /// Kills it (SIGKILL: no shutdown, no save) and waits until it is gone.
     pub fn kill(&mut self) {
+        self.stop_watchdog(); // first: it must never signal a process id reused after ours
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -158,7 +160,6 @@ impl Server {
             self.kill(); // a try that did not come up must not linger
             let certs = self.tls.as_ref().map(|(certs, _)| certs.as_path());
             self.child = spawn(self.port, self.dir.as_deref(), certs)?;
-            self.stop_watchdog();
             self.watchdog = watchdog(self.child.id());
             if self.wait_until_ready() {
                 return Ok(());

@@ -39,6 +39,8 @@ struct Schedule {
     entries: HashMap<u64, Entry>,
     /// When the sleeping thread wakes by itself; `None` while it is busy or idle.
     next_wake: Option<Instant>,
+    /// Holds found lost by their owners (then released or dropped): to be told of.
+    to_tell: Vec<Arc<Held>>,
     stopping: bool,
 }
 
@@ -117,8 +119,16 @@ impl Refresher {
         Ok(())
     }
 
+    /// Stops refreshing the hold `id`; one already lost is told of (on the refresher
+    /// thread), as when the refresher finds it so itself.
     pub(crate) fn remove(&self, id: u64) {
-        self.state.schedule.lock().entries.remove(&id);
+        let mut schedule = self.state.schedule.lock();
+        if let Some(entry) = schedule.entries.remove(&id)
+            && entry.held.is_lost()
+        {
+            schedule.to_tell.push(entry.held);
+            self.state.wake.notify_one();
+        }
     }
 
     /// Tells the thread that the lock `id` was refreshed by hand, maybe with a shorter TTL.
@@ -175,6 +185,7 @@ fn run(state: &State, backend: &Backend, on_lost: Option<&OnLost>) {
                     return;
                 }
                 let now = Instant::now();
+                lost.append(&mut schedule.to_tell);
                 let next = schedule.collect_due(now, &mut batch, &mut lost);
                 if !batch.is_empty() || !lost.is_empty() {
                     schedule.next_wake = None;
@@ -206,11 +217,18 @@ fn tell(held: &Held, on_lost: Option<&OnLost>) {
         return;
     }
     stats::lost(held.kind);
-    // A few characters of the token tell holds apart in a log; the whole would let a
-    // reader of the log release the hold.
-    let token: String = held.token().chars().take(6).collect();
+    // A few characters of a random token tell holds apart in a log; a whole token would
+    // let a reader of the log release the hold, and a fixed one is short and guessable:
+    // none of it is logged.
+    let token = held.token();
+    let random = token.len() == 32 && token.bytes().all(|b| b.is_ascii_hexdigit());
+    let shown = if random {
+        format!("token {}…", &token[..6])
+    } else {
+        "a fixed token".to_string()
+    };
     log::warn!(
-        "redguard: {:?} lost (token {token}…, metadata {:?}): it expired or was taken before the refresher could extend it",
+        "redguard: {:?} lost ({shown}, metadata {:?}): it expired or was taken before the refresher could extend it",
         held.names(),
         held.metadata()
     );

@@ -45,6 +45,9 @@ fn the_commands_exit_status_passes_through() {
         code(&run(&server, &["run", "k", "--", "/no/such/command"])),
         Some(71)
     );
+    server.query::<u32>(&["RPUSH", "list", "x"]);
+    let list = run(&server, &["run", "list", "--", "true"]);
+    assert_eq!(code(&list), Some(64), "a key of another type");
     assert_eq!(code(&run(&server, &["run", "k"])), Some(64), "no command");
     assert_eq!(
         code(&run(&server, &["run", "--ttl", "soon", "k", "--", "true"])),
@@ -193,7 +196,10 @@ fn sigterm_reaches_the_command_and_ends_a_wait_holding_nothing() {
     );
     assert_eq!(server.query::<u32>(&["EXISTS", "k"]), 0);
 
-    let _held = locker(&server).lock(&["k"]).unwrap();
+    let locker = locker(&server);
+    let _held = locker
+        .lock_with(&["k"], LockOptions::default().metadata("first"))
+        .unwrap();
     let waiting = redguard(&server, &["run", "k", "--", "true"])
         .spawn()
         .unwrap();
@@ -203,6 +209,37 @@ fn sigterm_reaches_the_command_and_ends_a_wait_holding_nothing() {
     let output = waiting.wait_with_output().unwrap();
     assert_eq!(code(&output), Some(128 + 15));
     assert!(signalled.elapsed() < Duration::from_secs(2));
+    let holders = locker.holders("k").unwrap();
+    assert_eq!(holders.len(), 1);
+    assert_eq!(holders[0].metadata(), "first", "it holds nothing");
+}
+
+#[test]
+fn a_lost_lock_gives_the_whole_group_its_grace() {
+    // A shell that dies at once on SIGTERM, running a worker that needs a moment to clean
+    // up: the grace is the group's, not the shell's.
+    let server = RedisServer::start();
+    let dir = std::env::temp_dir().join(format!("redguard-grace-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (ready, cleaned) = (dir.join("ready"), dir.join("cleaned"));
+    let worker = format!(
+        "trap 'sleep 0.3; echo done > {}; exit 0' TERM; touch {}; while :; do sleep 0.05; done",
+        cleaned.display(),
+        ready.display()
+    );
+    let line = format!("sh -c \"{worker}\"; echo after");
+    let args = ["run", "--ttl", "1s", "--kill-grace", "3s", "k", "-c", &line];
+    let child = redguard(&server, &args)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    eventually(Duration::from_secs(3), "the worker runs", || ready.exists());
+    server.query::<u32>(&["DEL", "k"]);
+    let output = child.wait_with_output().unwrap();
+    assert_eq!(code(&output), Some(75));
+    let said = std::fs::read_to_string(&cleaned).unwrap_or_default();
+    assert_eq!(said, "done\n", "the worker had its grace");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -220,7 +257,8 @@ fn status_says_who_holds_each_key() {
                 .unwrap()
         })
         .collect();
-    let text = run(&server, &["status", "free", "held", "shared"]);
+    server.query::<u32>(&["RPUSH", "list", "x"]);
+    let text = run(&server, &["status", "free", "held", "shared", "list"]);
     assert_eq!(code(&text), Some(0));
     let text = String::from_utf8_lossy(&text.stdout);
     let lines: Vec<&str> = text.lines().collect();
@@ -234,6 +272,10 @@ fn status_says_who_holds_each_key() {
     assert!(
         lines[2].contains("\"r1\"") && lines[2].contains("\"r2\""),
         "{text}"
+    );
+    assert_eq!(
+        lines[3], "list: not a lock (list)",
+        "and on to the next key"
     );
     let json = run(&server, &["status", "--json", "held"]);
     let json = String::from_utf8_lossy(&json.stdout);

@@ -296,7 +296,12 @@ fn spawn(port: u16, dir: &Path) -> Child {
             "--dir",
         ])
         .arg(dir)
-        .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "15000"])
+        .args([
+            "--cluster-enabled",
+            "yes",
+            "--cluster-node-timeout",
+            "15000",
+        ])
         // A master frozen by a test (for 6 s) must not take the others' slots down with it:
         // no test here wants failure detection (there are no replicas to fail over to).
         .args(["--cluster-require-full-coverage", "no"])

@@ -76,6 +76,33 @@ fn holders_of_free_locked_read_and_semaphore_keys() {
 }
 
 #[test]
+fn a_lock_waiting_behind_readers_is_no_holder() {
+    let server = RedisServer::start();
+    let locker = locker(&server);
+    let _reader = locker
+        .read_with(&["k"], LockOptions::default().metadata("reader"))
+        .unwrap();
+    let waiting = {
+        let locker = locker.clone();
+        std::thread::spawn(move || {
+            let options = LockOptions::default().timeout(Duration::from_millis(800));
+            locker.lock_with(&["k"], options).map(drop)
+        })
+    };
+    crate::eventually(Duration::from_secs(3), "the intent is recorded", || {
+        let members: Vec<String> = server.query(&["ZRANGE", "k", "0", "-1"]);
+        members.iter().any(|m| m.starts_with('!'))
+    });
+    let holders = locker.holders("k").unwrap();
+    assert_eq!(holders.len(), 1, "{holders:?}");
+    assert_eq!(
+        (holders[0].metadata(), holders[0].shared()),
+        ("reader", true)
+    );
+    assert!(waiting.join().unwrap().is_err());
+}
+
+#[test]
 fn holders_of_a_key_of_another_type_is_wrong_type() {
     let server = RedisServer::start();
     let locker = locker(&server);

@@ -65,6 +65,33 @@ fn on_lost_is_called_once_per_lost_hold_with_its_keys() {
 }
 
 #[test]
+fn a_loss_the_owner_finds_first_is_told_too() {
+    let server = RedisServer::start();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let locker = {
+        let calls = Arc::clone(&calls);
+        Locker::builder()
+            .on_lost(move |_| {
+                calls.fetch_add(1, Ordering::SeqCst);
+            })
+            .build(server.url())
+            .unwrap()
+    };
+    // A long TTL: the refresher would not look for seconds; the owner finds it first.
+    let guard = locker
+        .lock_with(&["k"], LockOptions::default().ttl(Duration::from_secs(30)))
+        .unwrap();
+    server.query::<u32>(&["DEL", "k"]);
+    assert!(guard.refresh(Duration::from_secs(30)).is_err());
+    drop(guard);
+    eventually(Duration::from_secs(2), "told once", || {
+        calls.load(Ordering::SeqCst) == 1
+    });
+    thread::sleep(Duration::from_millis(100));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[test]
 fn a_panicking_callback_leaves_the_refresher_working() {
     let server = RedisServer::start();
     let calls = Arc::new(AtomicUsize::new(0));
@@ -127,19 +154,24 @@ fn warnings_child() {
     let guards: Vec<_> = ["x", "y"]
         .iter()
         .map(|key| locker.lock_with(&[key], short()).unwrap())
+        .chain([locker.lock_with(&["z"], short().token("job42")).unwrap()])
         .collect();
-    server.query::<u32>(&["DEL", "x", "y"]);
+    server.query::<u32>(&["DEL", "x", "y", "z"]);
     eventually(Duration::from_secs(3), "both lost", || {
         guards.iter().all(|guard| guard.is_lost())
     });
     thread::sleep(TTL);
     let warnings = RECORDER.0.lock().clone();
     let lost: Vec<&String> = warnings.iter().filter(|w| w.contains("lost")).collect();
-    assert_eq!(lost.len(), 2, "{warnings:?}");
+    assert_eq!(lost.len(), 3, "{warnings:?}");
     for guard in &guards {
         assert!(
             !lost.iter().any(|w| w.contains(guard.token())),
             "no whole token"
         );
     }
+    assert!(
+        !lost.iter().any(|w| w.contains("job")),
+        "nothing of a fixed token"
+    );
 }

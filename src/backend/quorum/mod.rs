@@ -279,10 +279,10 @@ impl Quorum {
 
     /// Who holds a key, as a majority of the nodes see it: each value found on a majority
     /// of them, with the TTL a majority will still hold it for; the counter is `None` (a
-    /// quorum gives no fencing tokens). An error when the nodes that answered disagree on
-    /// the key's type.
+    /// quorum gives no fencing tokens). An error when the nodes that did not answer could
+    /// make a value held or not (as for [`ttl`](Self::ttl)).
     pub(crate) fn key_holders(&self, call: &Call) -> Result<KeyHolders> {
-        let (answers, _) = self.answers(call, Ask::Awake, |reply| {
+        let (answers, silent) = self.answers(call, Ask::Awake, |reply| {
             Ok(introspect::parse_key_holders(reply)?)
         })?;
         let mut seen: Vec<(String, Vec<Option<Duration>>)> = Vec::new();
@@ -306,6 +306,12 @@ impl Quorum {
             }
         }
         let majority = self.majority();
+        if seen
+            .iter()
+            .any(|(_, ttls)| self.count(ttls.len(), silent).is_none())
+        {
+            return Err(Error::Redis(undecided()));
+        }
         let holds = seen
             .into_iter()
             .filter(|(_, ttls)| ttls.len() >= majority)

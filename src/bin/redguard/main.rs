@@ -11,6 +11,12 @@
 //! Redis is unavailable; 71 when the command could not be started; 75 when the lock was
 //! lost while the command ran (it is then stopped: SIGTERM to its group, SIGKILL after
 //! the grace).
+//!
+//! The command runs in a process group of its own, so that signals reach all of it. Two
+//! consequences: with a terminal on its standard input, a command that reads the terminal
+//! is stopped (SIGTTIN; give it `< /dev/null`, as cron does); and background jobs the
+//! command leaves running when it exits are not covered by the lock, which is given back
+//! as soon as the command itself exits.
 
 mod run;
 mod status;
@@ -90,7 +96,7 @@ impl Connection {
 /// Says why on stderr; the exit status for `error`.
 pub(crate) fn failed(error: &Error) -> ExitCode {
     let code = match error {
-        Error::InvalidInput(_) => USAGE,
+        Error::InvalidInput(_) | Error::WrongType { .. } => USAGE,
         _ => UNAVAILABLE,
     };
     fail(code, &error.to_string())

@@ -166,7 +166,9 @@ fn acquire(locker: &Locker, args: &RunArgs) -> Result<Hold, ExitCode> {
         if let Some(code) = signalled() {
             return Err(code);
         }
-        let slice = Duration::from_millis(200);
+        // Slices, so that a signal ends the wait within one (each slice is a wait of the
+        // library's: a waiting lock's intent is taken back and recorded again between).
+        let slice = Duration::from_secs(1);
         let left = deadline.map_or(slice, |at| at.saturating_duration_since(Instant::now()));
         let options = options.clone().timeout(left.min(slice));
         let taken = match &semaphore {
@@ -211,15 +213,25 @@ fn spawn(args: &RunArgs, hold: &Hold) -> std::io::Result<Child> {
     command.spawn()
 }
 
-/// SIGTERM to the command's group; SIGKILL to what is left of it after `grace`.
+/// SIGTERM to the command's group; SIGKILL to what is left of the group after `grace`
+/// (the whole group's grace: a shell dies at once, the worker it runs may need the time).
 fn stop(child: &mut Child, grace: Duration) {
     signal_group(SIGTERM);
     let deadline = Instant::now() + grace;
-    while Instant::now() < deadline && matches!(child.try_wait(), Ok(None)) {
+    while Instant::now() < deadline && group_alive() {
+        let _ = child.try_wait(); // reaped, the leader no longer counts as alive
         thread::sleep(Duration::from_millis(20));
     }
-    signal_group(SIGKILL); // the group's stragglers too (a shell's background jobs)
+    signal_group(SIGKILL);
+    let _ = child.kill(); // should the group be gone and the leader not (never blocks)
     let _ = child.wait();
+}
+
+/// Whether any process of the command's group is still there.
+fn group_alive() -> bool {
+    let group = GROUP.load(Ordering::SeqCst);
+    // SAFETY: killpg with signal 0 only checks that the group exists; no memory involved.
+    group != 0 && unsafe { libc::killpg(group as libc::pid_t, 0) } == 0
 }
 
 /// The command's status: its exit code, or 128 + the signal that ended it.
@@ -232,9 +244,14 @@ fn exit_code(status: ExitStatus) -> ExitCode {
 }
 
 /// A thread that records SIGINT, SIGTERM, SIGHUP and SIGQUIT, and passes each to the
-/// command's group once it runs.
+/// command's group once it runs. A signal ignored when `redguard` started (nohup, a
+/// shell's `trap '' HUP`) stays ignored, for it and for the command.
 fn listen_for_signals() -> std::io::Result<()> {
-    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP, SIGQUIT])?;
+    let wanted: Vec<i32> = [SIGINT, SIGTERM, SIGHUP, SIGQUIT]
+        .into_iter()
+        .filter(|&signal| !ignored(signal))
+        .collect();
+    let mut signals = signal_hook::iterator::Signals::new(&wanted)?;
     thread::Builder::new()
         .name("redguard-signals".into())
         .spawn(move || {
@@ -254,14 +271,23 @@ fn signalled() -> Option<ExitCode> {
     }
 }
 
-/// Sends `signal` to the command's whole group (through kill(1): no unsafe code here).
+/// Whether `signal` is ignored (SIG_IGN) in this process.
+fn ignored(signal: i32) -> bool {
+    // SAFETY: sigaction with no new action only reads the current one into `old`, a
+    // zeroed plain C struct that the call fills in.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(signal, std::ptr::null(), &mut old) == 0
+            && old.sa_sigaction == libc::SIG_IGN
+    }
+}
+
+/// Sends `signal` to the command's whole group.
 fn signal_group(signal: i32) {
     let group = GROUP.load(Ordering::SeqCst);
     if group != 0 {
-        let _ = std::process::Command::new("kill")
-            .args([format!("-{signal}"), "--".into(), format!("-{group}")])
-            .stderr(std::process::Stdio::null())
-            .status();
+        // SAFETY: killpg takes two integers and touches no memory of ours.
+        let _ = unsafe { libc::killpg(group as libc::pid_t, signal) };
     }
 }
 

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
-use redguard::Holder;
+use redguard::{Error, Holder};
 
 use crate::{Connection, failed};
 
@@ -28,6 +28,11 @@ pub(crate) fn status(args: StatusArgs) -> ExitCode {
     for key in &args.keys {
         let holders = match locker.holders(key) {
             Ok(holders) => holders,
+            Err(Error::WrongType { kind, .. }) => {
+                // Not a lock of ours: say so, and go on with the other keys.
+                println!("{}", not_a_lock(key, &kind, args.json));
+                continue;
+            }
             Err(e) => return failed(&e),
         };
         let line = if args.json {
@@ -38,6 +43,18 @@ pub(crate) fn status(args: StatusArgs) -> ExitCode {
         println!("{line}");
     }
     ExitCode::SUCCESS
+}
+
+fn not_a_lock(key: &str, kind: &str, json: bool) -> String {
+    if json {
+        format!(
+            r#"{{"key":{},"state":"not a lock","type":{}}}"#,
+            quoted(key),
+            quoted(kind)
+        )
+    } else {
+        format!("{key}: not a lock ({kind})")
+    }
 }
 
 fn state(holders: &[Holder]) -> &'static str {
