@@ -92,3 +92,20 @@ fn in_child_process(name: &str) {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+/// Whether `pid` runs (a zombie, dead but not yet reaped by init, does not).
+pub fn alive(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next());
+    match state {
+        Some(state) => state != "Z" && state != "X",
+        // No /proc here: ask kill(1), which counts zombies as alive.
+        None => std::process::Command::new("kill")
+            .args(["-0", &pid.to_string()])
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|status| status.success()),
+    }
+}

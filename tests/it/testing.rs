@@ -1,12 +1,11 @@
 //! `redguard::testing::Server`, as a user's test would use it.
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use redguard::Locker;
 use redguard::testing::Server;
 
-use crate::child_test;
+use crate::{alive, child_test};
 
 #[test]
 fn a_users_test_against_a_private_server() {
@@ -21,23 +20,6 @@ fn a_users_test_against_a_private_server() {
         std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
         "stopped on drop"
     );
-}
-
-/// Whether `pid` runs (a zombie, dead but not yet reaped by init, does not).
-fn alive(pid: u32) -> bool {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let state = stat
-        .rsplit_once(')')
-        .and_then(|(_, rest)| rest.split_whitespace().next());
-    match state {
-        Some(state) => state != "Z" && state != "X",
-        // No /proc here: ask kill(1), which counts zombies as alive.
-        None => Command::new("kill")
-            .args(["-0", &pid.to_string()])
-            .stderr(std::process::Stdio::null())
-            .status()
-            .is_ok_and(|status| status.success()),
-    }
 }
 
 #[cfg(unix)]
