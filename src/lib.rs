@@ -174,7 +174,7 @@
 mod builder; // LockerBuilder: pool, timeouts, prefix, TLS; builds on one server, Redlock, Cluster
 mod error; // Error: held elsewhere, lost, bad input, wrong type, Redis unavailable
 mod guard; // LockGuard: a held lock; refresh, ttl, release, released on drop
-mod holder; // Holder: what anyone may see of a live hold (metadata, TTL)
+mod holder; // Holder: what anyone may see of a live hold; Locker::holders
 mod locker; // Locker: lock, try_lock, lock_with, read, try_read, read_with, semaphore
 mod lost; // Lost: what on_lost is told of a hold found lost
 mod options; // LockOptions, and the checks of keys, TTLs and tokens
@@ -185,13 +185,13 @@ mod semaphore; // Semaphore: at most N holders of a name; acquire, available, ho
 
 // The machinery under them.
 mod backend; // how a request reaches Redis: scripts, pools, one server, quorum, cluster
-mod hold; // any hold (lock, permit): the waiting loop, its state, token, refresher thread
+mod hold; // any hold (lock, read lock, permit): the waiting loop, its state, token, refresher
 mod stats; // what a locker counts, through the metrics facade (feature `metrics`)
 mod wait; // waiters woken by releases: the subscriber thread and its board
 
-pub mod guide;
+pub mod guide; // the manual (docs/*.md): semantics, read locks, semaphores, fencing, security, scaling out, performance
 #[cfg(feature = "testing")]
-pub mod testing; // Server: a private redis-server for tests (feature `testing`) // the manual (docs/*.md): semantics, read locks, semaphores, fencing, security, scaling out, performance
+pub mod testing; // Server: a private redis-server for tests (feature `testing`)
 
 pub use backend::SocketTimeouts;
 pub use builder::LockerBuilder;
