@@ -85,21 +85,22 @@ impl Locker {
         // One script reads both only where they share a slot (always, but for a key
         // with an unmatched brace on a cluster).
         let counter = (slot(&counter) == slot(&stored)).then_some(counter.as_str());
-        match shared.backend.key_holders(&stored, counter)? {
+        match shared.backend.key_holders(&stored, counter, false)? {
             KeyHolders::WrongType { kind } => Err(Error::WrongType {
                 key: key.to_owned(),
                 kind,
             }),
             KeyHolders::Held {
-                shared,
+                held_by,
                 fence,
                 holds,
+                ..
             } => Ok(holds
                 .into_iter()
                 .map(|(value, ttl)| {
                     // A waiting lock's intent on a read lock is no holder (only readers are
                     // listed: the script gives live scores above now).
-                    Holder::new(metadata_of(&value).to_owned(), ttl, shared, fence)
+                    Holder::new(metadata_of(&value).to_owned(), ttl, held_by.shared(), fence)
                 })
                 .collect()),
         }

@@ -1,7 +1,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::backend::Holders;
+use crate::backend::{HeldBy, Holds, KeyHolders};
 use crate::hold::{Kind, Request, metadata_of, obtain};
 use crate::locker::Shared;
 use crate::options::at_most_once;
@@ -191,10 +191,8 @@ impl Semaphore {
     /// [`Error::WrongType`] when the name holds another Redis type; [`Error::Redis`] or
     /// [`Error::Pool`] when Redis cannot be asked.
     pub fn available(&self) -> Result<u32> {
-        match self.holders_reply(true)? {
-            Holders::Count(held) => Ok(self.inner.limit.saturating_sub(held)),
-            _ => Ok(0),
-        }
+        let (held, _) = self.holders_of(true)?;
+        Ok(self.inner.limit.saturating_sub(held as u32))
     }
 
     /// Each live permit's metadata and remaining TTL, the first to expire first; never
@@ -203,28 +201,43 @@ impl Semaphore {
     /// # Errors
     /// As [`available`](Self::available).
     pub fn holders(&self) -> Result<Vec<Holder>> {
-        match self.holders_reply(false)? {
-            Holders::List(list) => Ok(list
-                .into_iter()
-                .map(|(value, ttl)| {
-                    Holder::new(metadata_of(&value).to_owned(), Some(ttl), true, None)
-                })
-                .collect()),
-            _ => Ok(Vec::new()),
-        }
+        let (_, holds) = self.holders_of(false)?;
+        Ok(holds
+            .into_iter()
+            .map(|(value, ttl)| Holder::new(metadata_of(&value).to_owned(), ttl, true, None))
+            .collect())
     }
 
-    /// The holders script's answer, with another type's key as [`Error::WrongType`].
-    fn holders_reply(&self, count_only: bool) -> Result<Holders> {
+    /// How many hold a permit, and (unless `count_only`) who: what `Locker::holders`
+    /// asks, with anything but a semaphore (or nothing) at the name as [`Error::WrongType`].
+    fn holders_of(&self, count_only: bool) -> Result<(usize, Holds)> {
         let inner = &self.inner;
-        // The one key that `new` made.
-        match inner.shared.backend.holders(&inner.keys[0], count_only)? {
-            Holders::WrongType { kind, .. } => Err(Error::WrongType {
-                key: inner.name.clone(),
-                kind,
-            }),
-            reply => Ok(reply),
-        }
+        // The one key that `new` made; a semaphore has no counter value of its own to show.
+        let found = inner
+            .shared
+            .backend
+            .key_holders(&inner.keys[0], None, count_only)?;
+        let kind = match found {
+            KeyHolders::Held {
+                held_by: HeldBy::Permits | HeldBy::Nobody,
+                count,
+                holds,
+                ..
+            } => return Ok((count, holds)),
+            KeyHolders::Held {
+                held_by: HeldBy::Lock,
+                ..
+            } => "string".to_string(),
+            KeyHolders::Held { .. } => "zset, not a semaphore".to_string(),
+            KeyHolders::WrongType { kind } if kind.starts_with("zset") => {
+                "zset, not a semaphore".to_string()
+            }
+            KeyHolders::WrongType { kind } => kind,
+        };
+        Err(Error::WrongType {
+            key: inner.name.clone(),
+            kind,
+        })
     }
 }
 

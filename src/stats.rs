@@ -14,7 +14,7 @@
 //! | `redguard_waiting` | gauge | threads waiting in line |
 //! | `redguard_wakeups_total` | counter | `source` (release, handover, turn, timeout) |
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::hold::Kind;
 
@@ -27,10 +27,12 @@ fn kind_label(kind: Kind) -> &'static str {
     }
 }
 
-/// An acquisition ended: `result` is `held`, `not_obtained` or `error`.
-pub(crate) fn acquired(kind: Kind, result: &'static str, waited: Duration) {
+/// An acquisition begun at `started` ended: `result` is `held`, `not_obtained` or `error`.
+/// (Instants, not durations: without the feature, no clock is read.)
+pub(crate) fn acquired(kind: Kind, result: &'static str, started: Instant) {
     #[cfg(feature = "metrics")]
     {
+        let waited = started.elapsed();
         let kind = kind_label(kind);
         metrics::counter!("redguard_acquisitions_total", "kind" => kind, "result" => result)
             .increment(1);
@@ -40,7 +42,7 @@ pub(crate) fn acquired(kind: Kind, result: &'static str, waited: Duration) {
         }
     }
     #[cfg(not(feature = "metrics"))]
-    let _ = (kind, result, waited);
+    let _ = (kind, result, started);
 }
 
 /// A hold began (a guard, read guard or permit now exists).
@@ -49,16 +51,17 @@ pub(crate) fn hold_began() {
     metrics::gauge!("redguard_holds").increment(1.0);
 }
 
-/// A hold ended after `held_for`.
-pub(crate) fn hold_ended(kind: Kind, held_for: Duration) {
+/// A hold taken at `taken_at` ended.
+pub(crate) fn hold_ended(kind: Kind, taken_at: Instant) {
     #[cfg(feature = "metrics")]
     {
+        let held_for = taken_at.elapsed();
         metrics::gauge!("redguard_holds").decrement(1.0);
         metrics::histogram!("redguard_hold_seconds", "kind" => kind_label(kind))
             .record(held_for.as_secs_f64());
     }
     #[cfg(not(feature = "metrics"))]
-    let _ = (kind, held_for);
+    let _ = (kind, taken_at);
 }
 
 /// The refresher found a hold lost.

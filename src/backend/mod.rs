@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 pub(crate) use cluster::ClusterPool;
 pub(crate) use fence::fence_key;
-pub(crate) use introspect::{Holders, KeyHolders};
+pub(crate) use introspect::{HeldBy, Holds, KeyHolders};
 pub(crate) use outcome::{Acquired, Refreshed, Released};
 pub use pool::SocketTimeouts;
 pub(crate) use pool::{Bounds, Pool};
@@ -245,16 +245,20 @@ impl Backend {
         }
     }
 
-    /// Who holds `key` (with its fencing counter at `counter`); on a quorum, the holders
-    /// a majority of the nodes agree on.
-    pub(crate) fn key_holders(&self, key: &str, counter: Option<&str>) -> Result<KeyHolders> {
-        let call = introspect::key_holders_call(key, counter);
+    /// Who holds `key` (with its fencing counter at `counter`), or with `count_only` how
+    /// many; on a quorum, the holders a majority of the nodes agree on.
+    pub(crate) fn key_holders(
+        &self,
+        key: &str,
+        counter: Option<&str>,
+        count_only: bool,
+    ) -> Result<KeyHolders> {
+        let call = introspect::key_holders_call(key, counter, count_only);
+        let parse = |reply| introspect::parse_key_holders(reply, count_only);
         match self {
             // Read only: safe to repeat.
-            Backend::Single(pool) => pool.run(|con| introspect::parse_key_holders(call.run(con)?)),
-            Backend::Cluster(cluster, _) => {
-                cluster.run(|con| introspect::parse_key_holders(call.run(con)?))
-            }
+            Backend::Single(pool) => pool.run(|con| parse(call.run(con)?)),
+            Backend::Cluster(cluster, _) => cluster.run(|con| parse(call.run(con)?)),
             Backend::Quorum(quorum) => quorum.key_holders(&call),
         }
     }
@@ -293,20 +297,6 @@ impl Backend {
             Backend::Cluster(..) | Backend::Quorum(_) => Err(Error::InvalidInput(
                 "a downgrade needs the lock on one server, or in one cluster hash slot".into(),
             )),
-        }
-    }
-
-    /// The live holders of the semaphore whose holders live at `key`; see
-    /// [`scripts::holders`]. Read only, so safe to repeat.
-    pub(crate) fn holders(&self, key: &str, count_only: bool) -> Result<Holders> {
-        match self {
-            Backend::Single(pool) => pool.run(|con| introspect::holders(con, key, count_only)),
-            Backend::Cluster(cluster, _) => {
-                cluster.run(|con| introspect::holders(con, key, count_only))
-            }
-            Backend::Quorum(_) => self
-                .supports_permits(&[], "", false)
-                .map(|()| Holders::Count(0)),
         }
     }
 

@@ -207,6 +207,6 @@ impl Drop for Holding {
             // Best effort: a hold we cannot give up expires with its TTL.
             let _ = self.unlock();
         }
-        stats::hold_ended(self.held.kind, self.taken_at.elapsed());
+        stats::hold_ended(self.held.kind, self.taken_at);
     }
 }

@@ -43,7 +43,7 @@ pub(crate) fn obtain(
         Err(Error::NotObtained) => "not_obtained",
         Err(_) => "error",
     };
-    stats::acquired(kind, result, started.elapsed());
+    stats::acquired(kind, result, started);
     obtained
 }
 

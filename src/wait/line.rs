@@ -255,7 +255,8 @@ impl Lines {
             return None;
         }
         let place = self.places.get_mut(&id)?;
-        if !place.asleep || place.claim != Claim::Free || place.offer.kind != Kind::Lock {
+        // (A lock's line: shared holds wait in lines of their own, see `line_name`.)
+        if !place.asleep || place.claim != Claim::Free {
             return None;
         }
         place.claim = Claim::Pending;

@@ -64,19 +64,24 @@ fn on_lost_is_called_once_per_lost_hold_with_its_keys() {
     assert!(!kept.is_lost(), "the others are kept");
 }
 
+/// A locker whose `on_lost` counts its calls (and then panics, with `panics`).
+fn counting(server: &RedisServer, panics: bool) -> (Locker, Arc<AtomicUsize>) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&calls);
+    let locker = Locker::builder()
+        .on_lost(move |_| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            assert!(!panics, "a careless callback");
+        })
+        .build(server.url())
+        .unwrap();
+    (locker, calls)
+}
+
 #[test]
 fn a_loss_the_owner_finds_first_is_told_too() {
     let server = RedisServer::start();
-    let calls = Arc::new(AtomicUsize::new(0));
-    let locker = {
-        let calls = Arc::clone(&calls);
-        Locker::builder()
-            .on_lost(move |_| {
-                calls.fetch_add(1, Ordering::SeqCst);
-            })
-            .build(server.url())
-            .unwrap()
-    };
+    let (locker, calls) = counting(&server, false);
     // A long TTL: the refresher would not look for seconds; the owner finds it first.
     let guard = locker
         .lock_with(&["k"], LockOptions::default().ttl(Duration::from_secs(30)))
@@ -94,17 +99,7 @@ fn a_loss_the_owner_finds_first_is_told_too() {
 #[test]
 fn a_panicking_callback_leaves_the_refresher_working() {
     let server = RedisServer::start();
-    let calls = Arc::new(AtomicUsize::new(0));
-    let locker = {
-        let calls = Arc::clone(&calls);
-        Locker::builder()
-            .on_lost(move |_| {
-                calls.fetch_add(1, Ordering::SeqCst);
-                panic!("a careless callback");
-            })
-            .build(server.url())
-            .unwrap()
-    };
+    let (locker, calls) = counting(&server, true);
     let first = locker.lock_with(&["first"], short()).unwrap();
     let second = locker.lock_with(&["second"], short()).unwrap();
     server.query::<u32>(&["DEL", "first"]);

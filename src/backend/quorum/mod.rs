@@ -22,7 +22,7 @@ use redis::{ErrorKind, RedisError, Value};
 use self::fan_out::{Ask, Replies};
 use self::node::{Node, refused};
 use super::call::Call;
-use super::introspect::{self, KeyHolders};
+use super::introspect::{self, HeldBy, KeyHolders};
 use super::outcome::{Acquired, Refreshed};
 use super::pool::Pool;
 use super::scripts::{self, Attempt, Refresh};
@@ -280,21 +280,24 @@ impl Quorum {
     /// Who holds a key, as a majority of the nodes see it: each value found on a majority
     /// of them, with the TTL a majority will still hold it for; the counter is `None` (a
     /// quorum gives no fencing tokens). An error when the nodes that did not answer could
-    /// make a value held or not (as for [`ttl`](Self::ttl)).
+    /// make a value held or not (as for [`ttl`](Self::ttl)). (Locks only: a quorum has no
+    /// read locks or semaphores, so no counting.)
     pub(crate) fn key_holders(&self, call: &Call) -> Result<KeyHolders> {
         let (answers, silent) = self.answers(call, Ask::Awake, |reply| {
-            Ok(introspect::parse_key_holders(reply)?)
+            Ok(introspect::parse_key_holders(reply, false)?)
         })?;
         let mut seen: Vec<(String, Vec<Option<Duration>>)> = Vec::new();
-        let mut shared = false;
+        let mut held_by = HeldBy::Nobody;
         for answer in answers {
             match answer {
                 KeyHolders::Held {
-                    shared: on_node,
+                    held_by: on_node,
                     holds,
                     ..
                 } => {
-                    shared |= on_node;
+                    if on_node != HeldBy::Nobody {
+                        held_by = on_node;
+                    }
                     for (value, ttl) in holds {
                         match seen.iter_mut().find(|(seen, _)| *seen == value) {
                             Some((_, ttls)) => ttls.push(ttl),
@@ -322,10 +325,15 @@ impl Quorum {
                 });
                 (value, ttls[majority - 1])
             })
-            .collect();
+            .collect::<Vec<_>>();
         Ok(KeyHolders::Held {
-            shared,
+            held_by: if holds.is_empty() {
+                HeldBy::Nobody
+            } else {
+                held_by
+            },
             fence: None,
+            count: holds.len(),
             holds,
         })
     }
