@@ -14,6 +14,7 @@ use std::fmt;
 /// | `InvalidInput(..)` | bad keys, TTL, token, URL or settings; nothing was sent | fix the call |
 /// | `WrongType { key, kind }` | a key holds a list, hash, ...; it was left untouched | use another key |
 /// | `Redis(..)`, `Pool(..)` | Redis could not be asked (down, frozen, timed out) or refused | check the server |
+/// | `NotReplicated { acknowledged, wanted }` | too few replicas acknowledged the hold in time; nothing is held | check the replicas; try later |
 /// | `Random(..)`, `Refresher(..)` | the OS could not give random bytes or a thread | rare; check the host |
 #[derive(Debug)]
 #[non_exhaustive]
@@ -42,6 +43,16 @@ pub enum Error {
     Random(getrandom::Error),
     /// The background refresher thread could not be started; the lock was released.
     Refresher(std::io::Error),
+    /// Fewer replicas than [`LockOptions::replicas`](crate::LockOptions::replicas) asked
+    /// for acknowledged the hold within the replica timeout. From an acquire: nothing is
+    /// held (what was taken was given up again). From a refresh: the TTL was set on the
+    /// master, but may not survive a failover.
+    NotReplicated {
+        /// How many replicas acknowledged it.
+        acknowledged: u32,
+        /// How many were asked for.
+        wanted: u32,
+    },
 }
 
 impl fmt::Display for Error {
@@ -69,6 +80,14 @@ impl fmt::Display for Error {
                  (check that the server is up, or raise pool_size)",
             ),
             Error::Random(_) => f.write_str("the OS random generator failed to make a lock token"),
+            Error::NotReplicated {
+                acknowledged,
+                wanted,
+            } => write!(
+                f,
+                "only {acknowledged} of the {wanted} replicas asked for acknowledged the hold \
+                 within the replica timeout (check the replicas, or ask for fewer)"
+            ),
             Error::Refresher(_) => f.write_str(
                 "could not start the refresher thread, so the lock was released \
                  (lock with auto_refresh(false), or free some threads)",

@@ -42,6 +42,8 @@ pub(crate) struct Shared {
     pub(crate) prefix: String,
     pub(crate) refresher: Refresher,
     pub(crate) subscriber: Subscriber,
+    /// The longest a hold waits for its replicas' acknowledgement (WAIT's timeout).
+    pub(crate) replica_timeout: Duration,
 }
 
 impl Locker {
@@ -51,6 +53,7 @@ impl Locker {
         default_ttl: Duration,
         prefix: String,
         on_lost: Option<OnLost>,
+        replica_timeout: Duration,
     ) -> Locker {
         Locker {
             shared: Arc::new(Shared {
@@ -59,6 +62,7 @@ impl Locker {
                 backend,
                 default_ttl,
                 prefix,
+                replica_timeout,
             }),
         }
     }

@@ -36,6 +36,7 @@ pub struct LockOptions {
     pub(crate) auto_refresh: bool,
     pub(crate) fencing: bool,
     pub(crate) across_slots: bool,
+    pub(crate) replicas: u32,
 }
 
 impl Default for LockOptions {
@@ -49,6 +50,7 @@ impl Default for LockOptions {
             auto_refresh: true,
             fencing: false,
             across_slots: false,
+            replicas: 0,
         }
     }
 }
@@ -150,6 +152,42 @@ impl LockOptions {
     /// names the slots.
     pub fn across_slots(mut self, across_slots: bool) -> Self {
         self.across_slots = across_slots;
+        self
+    }
+
+    /// Held only once at least `n` replicas of the master have it: after the acquire,
+    /// `WAIT n` on the same connection, for at most the locker's
+    /// [`replica_timeout`](crate::LockerBuilder::replica_timeout). With fewer
+    /// acknowledgements the hold is given up again (compare-and-delete, unless the same
+    /// fixed token held it before) and the result is [`Error::NotReplicated`], at once.
+    /// Every refresh waits for them too; a refresh that cannot get them is tried again
+    /// like a refresh that failed, and the hold is finally reported lost.
+    ///
+    /// For one server with replicas, [Sentinel](crate::LockerBuilder::build_sentinel)
+    /// and a cluster (each slot's master); an [`Error::InvalidInput`] on Redlock, and
+    /// above 100. It narrows, but does not close, the failover hole: see [scaling
+    /// out](crate::guide::scaling_out). It costs one round trip more per acquire (the
+    /// replicas' acknowledgement), and the same per refresh round.
+    ///
+    /// Defaults to 0: no wait for replicas.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), redguard::Error> {
+    /// use redguard::{Error, LockOptions, Locker};
+    ///
+    /// let locker = Locker::builder()
+    ///     .build_sentinel(&["redis://10.0.0.1:26379/", "redis://10.0.0.2:26379/"], "mymaster")?;
+    /// match locker.lock_with(&["k"], LockOptions::default().replicas(1)) {
+    ///     Ok(_guard) => { /* held, and on at least one replica */ }
+    ///     Err(Error::NotReplicated { acknowledged, wanted }) => {
+    ///         eprintln!("only {acknowledged} of {wanted} replicas: nothing is held");
+    ///     }
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn replicas(mut self, n: u32) -> Self {
+        self.replicas = n;
         self
     }
 }

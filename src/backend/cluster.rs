@@ -8,16 +8,18 @@
 //! elsewhere: all-or-nothing in effect, but not atomic.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use redis::cluster::{ClusterClient, ClusterConnection};
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{ConnectionLike, ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
 
 use super::fence::fence_key;
 use super::masters::Masters;
 use super::outcome::{Acquired, Refreshed, Released};
 use super::pool::Bounds;
+use super::replicas::{self, Replicas};
 use super::scripts::{self, Attempt, Refresh};
 use super::slot::{by_slot, slot};
 use crate::hold::Kind;
@@ -94,7 +96,7 @@ impl ClusterPool {
     /// with its replies: it is not used again.
     pub(crate) fn run<T>(
         &self,
-        request: impl FnOnce(&mut dyn ConnectionLike) -> RedisResult<T>,
+        request: impl FnOnce(&mut ClusterConnection) -> RedisResult<T>,
     ) -> Result<T> {
         let mut tracked = self.pool.get()?;
         let result = request(&mut tracked.con);
@@ -110,7 +112,7 @@ impl ClusterPool {
     pub(crate) fn acquire(&self, attempt: &Attempt<'_>, set_first: bool) -> Result<Acquired> {
         let groups = by_slot(attempt.keys);
         if groups.len() == 1 {
-            return moving(self.run(|con| scripts::acquire(con, attempt, set_first)));
+            return self.acquire_slot(attempt, set_first);
         }
         // Ascending slot order: two owners after overlapping keys meet at their lowest
         // shared slot first, so at most one of them gets past it.
@@ -119,7 +121,7 @@ impl ClusterPool {
         let mut fresh = true;
         for (_, keys) in &groups {
             let part = Attempt { keys, ..*attempt };
-            match moving(self.run(|con| scripts::acquire(con, &part, set_first))) {
+            match self.acquire_slot(&part, set_first) {
                 Ok(Acquired::Yes {
                     fences: part_fences,
                     fresh: part_fresh,
@@ -162,6 +164,18 @@ impl ClusterPool {
         Ok(Acquired::Yes { fences, fresh })
     }
 
+    /// One attempt on the keys of one slot, on its master; with replicas wanted, waited for
+    /// there, on the same connection.
+    fn acquire_slot(&self, attempt: &Attempt<'_>, set_first: bool) -> Result<Acquired> {
+        let slot = slot(&attempt.keys[0]); // never empty: checked before any attempt
+        moving(self.run(|con| {
+            let acquired = scripts::acquire(con, attempt, set_first)?;
+            replicas::confirm(con, attempt, acquired, |con, wanted| {
+                wait_on_slot(con, slot, wanted)
+            })
+        }))
+    }
+
     /// Refreshes a batch with one script call per slot its locks use, one slot after
     /// another, [`per_master`](Self::per_master): a frozen master costs a round one
     /// timeout, and does not hold up the other masters' locks. A lock is held when every
@@ -182,18 +196,17 @@ impl ClusterPool {
             answered |= refreshed.is_ok();
             for (n, (i, _)) in part.iter().enumerate() {
                 let this = match &refreshed {
-                    Ok((held, sent_at)) if held.get(n) == Some(&true) => {
-                        Refreshed::Held { sent_at: *sent_at }
-                    }
-                    Ok(_) => Refreshed::Lost,
+                    Ok(parts) => parts.get(n).copied().unwrap_or(Refreshed::Lost),
                     Err(_) => Refreshed::Unknown,
                 };
                 found[*i] = Some(match (found[*i], this) {
                     (None, this) => this,
-                    // Lost if any part is, else unknown if any part is; else held since
-                    // its earliest part was sent.
+                    // Lost if any part is, else unknown, else short of replicas if any
+                    // part is; else held since its earliest part was sent.
                     (Some(Refreshed::Lost), _) | (_, Refreshed::Lost) => Refreshed::Lost,
                     (Some(Refreshed::Unknown), _) | (_, Refreshed::Unknown) => Refreshed::Unknown,
+                    (Some(short @ Refreshed::NotReplicated { .. }), _)
+                    | (_, short @ Refreshed::NotReplicated { .. }) => short,
                     (Some(earlier), Refreshed::Held { .. }) => earlier,
                 });
             }
@@ -268,9 +281,8 @@ impl ClusterPool {
         })
     }
 
-    /// One slot's part of a refresh round: whether each lock's part is held, and when the
-    /// request was sent.
-    fn refresh_part(&self, locks: &[Refresh<'_>], part: &Part) -> Result<(Vec<bool>, Instant)> {
+    /// One slot's part of a refresh round: what was found of each lock's part.
+    fn refresh_part(&self, locks: &[Refresh<'_>], part: &Part) -> Result<Vec<Refreshed>> {
         let batch: Vec<Refresh<'_>> = part
             .iter()
             .map(|(i, keys)| Refresh {
@@ -278,12 +290,18 @@ impl ClusterPool {
                 keys,
                 value: locks[*i].value,
                 ttl_ms: locks[*i].ttl_ms,
+                replicas: locks[*i].replicas,
             })
             .collect();
-        let sent_at = Instant::now();
+        // Never empty: a part exists because a lock has keys in its slot.
+        let slot = part
+            .first()
+            .and_then(|(_, keys)| keys.first())
+            .map_or(0, |key| slot(key));
         // Safe to repeat: setting the same TTL twice is the same as once.
-        let held = self.run(|con| scripts::refresh(con, &batch))?;
-        Ok((held, sent_at))
+        self.run(|con| {
+            replicas::refresh(con, &batch, |con, wanted| wait_on_slot(con, slot, wanted))
+        })
     }
 
     /// Releases every slot's part, [`per_master`](Self::per_master): what a frozen
@@ -333,6 +351,16 @@ impl ClusterPool {
 /// One slot's part of a refresh round: for each lock with keys in the slot, its index in
 /// the batch and those keys.
 type Part = Vec<(usize, Vec<String>)>;
+
+/// `WAIT` on the master of `slot`, on the connection the slot's writes went over (the
+/// cluster client would send a plain WAIT to every master and answer the least count).
+fn wait_on_slot(con: &mut ClusterConnection, slot: u16, replicas: Replicas) -> RedisResult<u32> {
+    let master = Route::new(slot, SlotAddr::Master);
+    let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(master));
+    Ok(redis::from_redis_value(
+        con.route_command(&replicas::wait_cmd(replicas), route)?,
+    )?)
+}
 
 /// A part of a request not sent, as its master had just failed.
 fn skipped() -> Error {

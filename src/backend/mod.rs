@@ -14,13 +14,15 @@ mod masters;
 mod outcome;
 mod pool;
 mod quorum;
+mod replicas;
 mod scripts;
+mod sentinel;
 mod slot;
 #[cfg(feature = "tls")]
 pub(crate) mod tls;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub(crate) use cluster::ClusterPool;
 pub(crate) use fence::fence_key;
@@ -29,7 +31,9 @@ pub(crate) use outcome::{Acquired, Refreshed, Released};
 pub use pool::SocketTimeouts;
 pub(crate) use pool::{Bounds, Pool};
 pub(crate) use quorum::Quorum;
+pub(crate) use replicas::{MAX_REPLICAS, Replicas};
 pub(crate) use scripts::{Attempt, Refresh};
+pub(crate) use sentinel::Sentinels;
 pub(crate) use slot::slot;
 
 use crate::hold::{Kind, drift_ms};
@@ -56,6 +60,7 @@ impl Backend {
         options: &LockOptions,
         ttl_ms: u64,
     ) -> Result<()> {
+        self.supports_replicas(options.replicas)?;
         if let Kind::Permit { .. } = kind {
             return self.supports_permits(keys, prefix, options.fencing);
         }
@@ -74,6 +79,24 @@ impl Backend {
                 cluster::check_slots(keys, names.unwrap_or(keys), prefix, options)
             }
         }
+    }
+
+    /// Refuses, before any round trip, waiting for more replicas than any master has, or
+    /// for replicas on a quorum (independent masters have none).
+    pub(crate) fn supports_replicas(&self, replicas: u32) -> Result<()> {
+        if replicas > MAX_REPLICAS {
+            return Err(Error::InvalidInput(format!(
+                "replicas({replicas}) is more than {MAX_REPLICAS}: no master has that many"
+            )));
+        }
+        if replicas > 0 && matches!(self, Backend::Quorum(_)) {
+            return Err(Error::InvalidInput(
+                "replicas(n) needs one server, Sentinel or a cluster: the independent masters \
+                 of a quorum have no replicas to wait for"
+                    .into(),
+            ));
+        }
+        Ok(())
     }
 
     /// Refuses, before any round trip, a semaphore (whose Redis key is `keys[0]`) where
@@ -146,7 +169,10 @@ impl Backend {
     pub(crate) fn acquire(&self, attempt: &Attempt<'_>, set_first: bool) -> Result<Acquired> {
         match self {
             // Safe to repeat: taking keys that already hold our value again is a no-op.
-            Backend::Single(pool) => pool.run(|con| scripts::acquire(con, attempt, set_first)),
+            Backend::Single(pool) => pool.run(|con| {
+                let acquired = scripts::acquire(con, attempt, set_first)?;
+                replicas::confirm(con, attempt, acquired, replicas::wait)
+            }),
             Backend::Quorum(quorum) => quorum.acquire(attempt, set_first),
             Backend::Cluster(cluster, _) => cluster.acquire(attempt, set_first),
         }
@@ -158,6 +184,9 @@ impl Backend {
     /// majority of its own) and across cluster slots; the guard then releases, and the
     /// waiter attempts.
     pub(crate) fn hand_over(&self, attempt: &Attempt<'_>) -> Option<Result<Acquired>> {
+        if attempt.replicas.is_some() {
+            return None; // the waiter attempts, and waits for its replicas itself
+        }
         match self {
             // Safe to repeat: a second run finds the keys the waiter's and answers 0; the
             // waiter's own attempt then re-obtains them.
@@ -185,18 +214,8 @@ impl Backend {
     /// asked at all.
     pub(crate) fn refresh(&self, locks: &[Refresh<'_>]) -> Result<Vec<Refreshed>> {
         match self {
-            Backend::Single(pool) => {
-                let sent_at = Instant::now();
-                // Safe to repeat: setting the same TTL twice is the same as once.
-                let held = pool.run(|con| scripts::refresh(con, locks))?;
-                Ok(held
-                    .into_iter()
-                    .map(|held| match held {
-                        true => Refreshed::Held { sent_at },
-                        false => Refreshed::Lost,
-                    })
-                    .collect())
-            }
+            // Safe to repeat: setting the same TTL twice is the same as once.
+            Backend::Single(pool) => pool.run(|con| replicas::refresh(con, locks, replicas::wait)),
             Backend::Quorum(quorum) => quorum.refresh(locks),
             Backend::Cluster(cluster, _) => cluster.refresh(locks),
         }

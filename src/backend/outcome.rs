@@ -31,6 +31,9 @@ pub(crate) enum Acquired {
     Busy { retry_in: Duration },
     /// A semaphore's live holders use this other limit; nothing was taken.
     OtherLimit { limit: u32 },
+    /// Taken, but fewer than `wanted` replicas acknowledged it within the replica timeout:
+    /// given up again (unless the same owner held it before).
+    NotReplicated { acknowledged: u32, wanted: u32 },
 }
 
 /// What a refresh found of one lock.
@@ -43,6 +46,9 @@ pub(crate) enum Refreshed {
     /// Not known: part of it could not be asked (on a cluster, one master failing does
     /// not stop the others).
     Unknown,
+    /// Held, with its TTL set again, but fewer than `wanted` replicas acknowledged that
+    /// within the replica timeout: not known to survive a failover (retried, as unknown).
+    NotReplicated { acknowledged: u32, wanted: u32 },
 }
 
 /// What a release found: whether every key still held the lock (all are deleted now),

@@ -10,6 +10,7 @@ use r2d2::PooledConnection;
 use redis::{Client, Connection, ConnectionLike, RedisError, RedisResult, Value};
 use scheduled_thread_pool::{OnPoolDropBehavior, ScheduledThreadPool};
 
+use super::sentinel::Sentinels;
 use crate::Result;
 
 /// The timeouts that bound every wait on the network.
@@ -52,7 +53,21 @@ impl Pool {
     /// A pool of `size` connections to `client`, all made before this returns, so that a
     /// wrong address or a dead server is reported here.
     pub(crate) fn build(client: Client, size: u32, bounds: Bounds) -> Result<Pool> {
-        let connector = BoundedClient { client, bounds };
+        Pool::build_to(Target::Server(Box::new(client)), size, bounds)
+    }
+
+    /// A pool of `size` connections to the master `sentinels` name, following it through
+    /// failovers; built as [`build`](Self::build) is.
+    pub(crate) fn build_sentinel(
+        sentinels: Arc<Sentinels>,
+        size: u32,
+        bounds: Bounds,
+    ) -> Result<Pool> {
+        Pool::build_to(Target::Sentinel(sentinels), size, bounds)
+    }
+
+    fn build_to(target: Target, size: u32, bounds: Bounds) -> Result<Pool> {
+        let connector = BoundedClient { target, bounds };
         // One connection first, to report what went wrong at once (r2d2 would retry a
         // refused port or a wrong password until its checkout timeout, then report only
         // that it timed out).
@@ -72,7 +87,10 @@ impl Pool {
     /// A pool of up to `size` connections to `client`, made as they are needed: for one of
     /// several servers, where one that is down must not stop the others from being used.
     pub(crate) fn build_lazy(client: Client, size: u32, bounds: Bounds) -> Pool {
-        let connector = BoundedClient { client, bounds };
+        let connector = BoundedClient {
+            target: Target::Server(Box::new(client)),
+            bounds,
+        };
         let pool = r2d2::Pool::builder()
             .max_size(size)
             .test_on_check_out(false)
@@ -98,9 +116,10 @@ impl Pool {
     /// at most `max_wait`), and holds one of its slots while in use.
     pub(crate) fn dedicated(&self, max_wait: Duration) -> Result<Dedicated> {
         match self {
-            Pool::Own { connector, .. } => Ok(Dedicated::Own(
-                r2d2::ManageConnection::connect(connector.as_ref())?.con,
-            )),
+            Pool::Own { connector, .. } => {
+                let tracked = r2d2::ManageConnection::connect(connector.as_ref())?;
+                Ok(Dedicated::Own(tracked.con, tracked.master))
+            }
             Pool::Given { pool, io } => {
                 let wait = max_wait.min(pool.connection_timeout());
                 let con = pool.get_timeout(wait)?;
@@ -117,7 +136,7 @@ impl Pool {
     /// whole call waits at most about two checkouts and an I/O timeout.
     pub(crate) fn run<T>(
         &self,
-        mut request: impl FnMut(&mut dyn ConnectionLike) -> RedisResult<T>,
+        mut request: impl FnMut(&mut Connection) -> RedisResult<T>,
     ) -> Result<T> {
         let started = Instant::now();
         let (max_size, budget) = match self {
@@ -128,8 +147,10 @@ impl Pool {
         loop {
             let mut con = self.get()?;
             match con.run(|con| request(con)) {
+                // READONLY: the master of a moment ago is a replica now (a failover); the
+                // next connection goes to the new one.
                 Err(e)
-                    if e.is_connection_dropped()
+                    if (e.is_connection_dropped() || e.code() == Some("READONLY"))
                         && tries < max_size
                         && started.elapsed() < budget =>
                 {
@@ -152,7 +173,12 @@ impl Pool {
     /// A connection if one is free right now (for work that may be skipped).
     pub(crate) fn try_get(&self) -> Option<Conn> {
         match self {
-            Pool::Own { pool, .. } => pool.try_get().map(Conn::Own),
+            Pool::Own { pool, .. } => {
+                let con = pool.try_get()?;
+                current(con, || pool.try_get().ok_or(()))
+                    .ok()
+                    .map(Conn::Own)
+            }
             Pool::Given { pool, io } => pool
                 .try_get()
                 .and_then(|con| in_step(con, *io).ok())
@@ -167,7 +193,8 @@ impl Pool {
         }
         Ok(match self {
             Pool::Own { pool, .. } => {
-                Conn::Own(pool.get_timeout(wait.min(pool.connection_timeout()))?)
+                let wait = wait.min(pool.connection_timeout());
+                Conn::Own(current(pool.get_timeout(wait)?, || pool.get_timeout(wait))?)
             }
             Pool::Given { pool, io } => {
                 let wait = wait.min(pool.connection_timeout());
@@ -179,11 +206,32 @@ impl Pool {
     /// A connection, waiting at most the checkout timeout.
     pub(crate) fn get(&self) -> Result<Conn> {
         Ok(match self {
-            Pool::Own { pool, .. } => Conn::Own(pool.get()?),
+            Pool::Own { pool, .. } => Conn::Own(current(pool.get()?, || pool.get())?),
             Pool::Given { pool, io } => Conn::Given(in_step(pool.get()?, *io)?),
         })
     }
 }
+
+/// `con`, or, when it was made to a master that is no longer the master (a failover), the
+/// next `get` that is current: stale connections are thrown away one by one (at most a
+/// pool's worth, then the last one is used as it is).
+fn current<E>(
+    mut con: PooledConnection<BoundedClient>,
+    get: impl Fn() -> std::result::Result<PooledConnection<BoundedClient>, E>,
+) -> std::result::Result<PooledConnection<BoundedClient>, E> {
+    for _ in 0..MAX_STALE {
+        if con.master.as_ref().is_none_or(Master::is_current) {
+            break;
+        }
+        con.broken = true;
+        drop(con);
+        con = get()?;
+    }
+    Ok(con)
+}
+
+/// The most stale connections one checkout throws away before it uses one as it is.
+const MAX_STALE: usize = 64;
 
 /// A connection from a caller's pool, made ready for us: our socket timeouts set, and its
 /// replies in step with its requests.
@@ -241,14 +289,38 @@ fn resync(con: &mut Connection) -> RedisResult<()> {
 /// `Client` connects without a timeout, which hangs on a frozen server.
 #[derive(Clone)]
 pub(crate) struct BoundedClient {
-    client: Client,
+    target: Target,
     bounds: Bounds,
 }
 
-/// A connection of our own pool, and whether it must be thrown away.
+/// Where a pool's connections go.
+#[derive(Clone)]
+enum Target {
+    Server(Box<Client>),
+    /// The master the sentinels name, whichever server that is now.
+    Sentinel(Arc<Sentinels>),
+}
+
+/// A connection of our own pool, whether it must be thrown away, and (through Sentinel)
+/// which master it was made to.
 pub(crate) struct Tracked {
     con: Connection,
     broken: bool,
+    master: Option<Master>,
+}
+
+/// The master a connection was made to, as the sentinels named it then.
+#[derive(Clone)]
+pub(crate) struct Master {
+    sentinels: Arc<Sentinels>,
+    generation: u64,
+}
+
+impl Master {
+    /// Whether the sentinels still name the master the connection was made to.
+    pub(crate) fn is_current(&self) -> bool {
+        self.sentinels.generation() == self.generation
+    }
 }
 
 impl r2d2::ManageConnection for BoundedClient {
@@ -256,12 +328,29 @@ impl r2d2::ManageConnection for BoundedClient {
     type Error = RedisError;
 
     fn connect(&self) -> RedisResult<Tracked> {
-        let con = self
-            .client
-            .get_connection_with_timeout(self.bounds.connect)?;
-        con.set_read_timeout(Some(self.bounds.io))?;
-        con.set_write_timeout(Some(self.bounds.io))?;
-        Ok(Tracked { con, broken: false })
+        match &self.target {
+            Target::Server(client) => {
+                let con = client.get_connection_with_timeout(self.bounds.connect)?;
+                con.set_read_timeout(Some(self.bounds.io))?;
+                con.set_write_timeout(Some(self.bounds.io))?;
+                Ok(Tracked {
+                    con,
+                    broken: false,
+                    master: None,
+                })
+            }
+            Target::Sentinel(sentinels) => {
+                let (con, generation) = sentinels.connect()?;
+                Ok(Tracked {
+                    con,
+                    broken: false,
+                    master: Some(Master {
+                        sentinels: Arc::clone(sentinels),
+                        generation,
+                    }),
+                })
+            }
+        }
     }
 
     fn is_valid(&self, tracked: &mut Tracked) -> RedisResult<()> {
@@ -269,7 +358,9 @@ impl r2d2::ManageConnection for BoundedClient {
     }
 
     fn has_broken(&self, tracked: &mut Tracked) -> bool {
-        tracked.broken || !tracked.con.is_open()
+        tracked.broken
+            || !tracked.con.is_open()
+            || tracked.master.as_ref().is_some_and(|m| !m.is_current())
     }
 }
 
@@ -292,14 +383,26 @@ impl Conn {
             Conn::Given(con) => &mut **con,
         };
         let result = request(con);
-        if let Err(e) = &result
-            && e.code().is_none()
-        {
+        let Err(e) = &result else {
+            return result;
+        };
+        // A replica's refusal: the connection is fine, but goes to the wrong server.
+        let replica = e.code() == Some("READONLY");
+        if e.code().is_none() || replica {
             match self {
-                Conn::Own(tracked) => tracked.broken = true,
-                Conn::Given(con) => {
+                Conn::Own(tracked) => {
+                    tracked.broken = true;
+                    if let Some(master) = &tracked.master {
+                        match replica {
+                            true => master.sentinels.replica_seen(),
+                            false => master.sentinels.failed(),
+                        }
+                    }
+                }
+                Conn::Given(con) if !replica => {
                     PooledConnection::extensions_mut(con).insert(GivenState::Broken);
                 }
+                Conn::Given(_) => {}
             }
         }
         result
@@ -308,8 +411,18 @@ impl Conn {
 
 /// A connection held by one long-lived user.
 pub(crate) enum Dedicated {
-    Own(Connection),
+    Own(Connection, Option<Master>),
     Given(PooledConnection<Client>),
+}
+
+impl Dedicated {
+    /// Through Sentinel, the master it was made to.
+    pub(crate) fn master(&self) -> Option<Master> {
+        match self {
+            Dedicated::Own(_, master) => master.clone(),
+            Dedicated::Given(_) => None,
+        }
+    }
 }
 
 impl Deref for Dedicated {
@@ -317,7 +430,7 @@ impl Deref for Dedicated {
 
     fn deref(&self) -> &Connection {
         match self {
-            Dedicated::Own(con) => con,
+            Dedicated::Own(con, _) => con,
             Dedicated::Given(con) => con,
         }
     }
@@ -326,7 +439,7 @@ impl Deref for Dedicated {
 impl DerefMut for Dedicated {
     fn deref_mut(&mut self) -> &mut Connection {
         match self {
-            Dedicated::Own(con) => con,
+            Dedicated::Own(con, _) => con,
             Dedicated::Given(con) => con,
         }
     }

@@ -15,6 +15,7 @@ use redis::{ConnectionLike, ErrorKind, RedisError, RedisResult, Value};
 use super::call::{Call, Lua};
 use super::fence::fence_key;
 use super::outcome::{Acquired, Released};
+use super::replicas::Replicas;
 use crate::hold::Kind;
 
 static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../../lua/acquire.lua")));
@@ -191,6 +192,8 @@ pub(crate) struct Attempt<'a> {
     pub(crate) intent: Option<&'a str>,
     /// Where release channels start: a take-back announces the keys it frees.
     pub(crate) channels: &'a str,
+    /// Held only once this many replicas acknowledged it (see `replicas`).
+    pub(crate) replicas: Option<Replicas>,
 }
 
 /// One hold for [`refresh`]: its kind, keys, value and the TTL to set.
@@ -199,6 +202,8 @@ pub(crate) struct Refresh<'a> {
     pub(crate) keys: &'a [String],
     pub(crate) value: &'a str,
     pub(crate) ttl_ms: u64,
+    /// Held only once this many replicas acknowledged the refresh.
+    pub(crate) replicas: Option<Replicas>,
 }
 
 /// Sets the TTL of each lock whose keys all still hold its value, in one script call (one

@@ -5,6 +5,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use crate::backend::Replicas;
+
 /// What a hold is. Every kind shares the same state, refresher, waiting and backends;
 /// only the scripts that act on Redis differ.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,6 +43,8 @@ pub(crate) struct Held {
     lost: AtomicBool,
     /// Set once the refresher has told of the loss (logged it, called `on_lost`).
     told: AtomicBool,
+    /// Refreshed only once this many replicas acknowledge it.
+    pub(crate) replicas: Option<Replicas>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -119,6 +123,7 @@ impl Held {
             timing: Mutex::new(timing),
             lost: AtomicBool::new(false),
             told: AtomicBool::new(false),
+            replicas: None,
         }
     }
 
@@ -133,7 +138,13 @@ impl Held {
             self.fences.clone(),
             timing,
         );
-        held.named(self.names.clone())
+        held.named(self.names.clone()).replicated(self.replicas)
+    }
+
+    /// Refreshed only once `replicas` acknowledge it.
+    pub(crate) fn replicated(mut self, replicas: Option<Replicas>) -> Held {
+        self.replicas = replicas;
+        self
     }
 
     /// Keeps the caller's names for the keys, when they differ from the stored ones.

@@ -80,10 +80,22 @@ impl Holding {
             keys: &self.held.keys,
             value: &self.held.value,
             ttl_ms,
+            replicas: self.held.replicas,
         };
         let sent_at = match self.shared.backend.refresh(std::slice::from_ref(&hold))?[..] {
             [Refreshed::Held { sent_at }] => sent_at,
             [Refreshed::Unknown] => return Err(Error::Redis(self.shared.backend.undecided())),
+            [
+                Refreshed::NotReplicated {
+                    acknowledged,
+                    wanted,
+                },
+            ] => {
+                return Err(Error::NotReplicated {
+                    acknowledged,
+                    wanted,
+                });
+            }
             _ => {
                 self.held.mark_lost();
                 return Err(Error::LockLost);
@@ -172,6 +184,7 @@ impl Holding {
             over: Some(&self.held.value),
             intent: None,
             channels: self.shared.subscriber.release_channels(),
+            replicas: offer.replicas,
         };
         let sent_at = Instant::now();
         if let Some(Ok(Acquired::Yes { fences, .. })) = self.shared.backend.hand_over(&attempt) {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{Held, Holding, Kind, Timing, later, owner_part, random_token};
-use crate::backend::{Acquired, Attempt};
+use crate::backend::{Acquired, Attempt, Replicas};
 use crate::locker::Shared;
 use crate::options::{checked_token, checked_ttl};
 use crate::wait::{Offer, Seen, Ticket, Wake};
@@ -61,6 +61,10 @@ fn attempts(
     shared
         .backend
         .supports(kind, &keys, names.as_deref(), prefix, &options, ttl_ms)?;
+    let replicas = (options.replicas > 0).then_some(Replicas {
+        wanted: options.replicas,
+        timeout: shared.replica_timeout,
+    });
     let fixed_token = options.token.is_some();
     let token = match options.token {
         Some(token) => {
@@ -86,6 +90,7 @@ fn attempts(
         ttl_ms,
         fencing: options.fencing,
         fixed_token,
+        replicas,
     });
     let keys = &offer.keys;
     // In line once an attempt found the keys held; at once, without an attempt, while
@@ -152,6 +157,7 @@ fn attempts(
                 over: None,
                 intent: waits.then_some(offer.value.as_str()),
                 channels: subscriber.release_channels(),
+                replicas,
             };
             match shared.backend.acquire(&attempt, set_first)? {
                 Acquired::Yes { fences, .. } => {
@@ -193,6 +199,15 @@ fn attempts(
                 Acquired::Busy { retry_in } => expires_in = Some(retry_in),
                 Acquired::Partial => partial = true,
                 Acquired::NoQuorum => return Err(no_quorum()),
+                Acquired::NotReplicated {
+                    acknowledged,
+                    wanted,
+                } => {
+                    return Err(Error::NotReplicated {
+                        acknowledged,
+                        wanted,
+                    });
+                }
             }
         }
         let now = Instant::now();
@@ -265,7 +280,8 @@ fn attempts(
     let value = attempt_value.unwrap_or(value);
     let timing = Timing::new(ttl_ms, sent_at);
     let held = Held::new(kind, keys, value, token_at, fences, timing);
-    Holding::new(Arc::clone(shared), held.named(names), options.auto_refresh)
+    let held = held.named(names).replicated(replicas);
+    Holding::new(Arc::clone(shared), held, options.auto_refresh)
 }
 
 /// The intent a waiting lock recorded on keys that readers share, taken back (best

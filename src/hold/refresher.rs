@@ -288,6 +288,7 @@ fn refresh(state: &State, backend: &Backend, batch: &[Arc<Held>], on_lost: Optio
             keys: &held.keys,
             value: &held.value,
             ttl_ms,
+            replicas: held.replicas,
         })
         .collect();
     let sent_at = Instant::now();
@@ -322,11 +323,12 @@ fn refresh(state: &State, backend: &Backend, batch: &[Arc<Held>], on_lost: Optio
                 schedule.entries.remove(&held.id);
                 found_lost.push(held);
             }
-            Refreshed::Unknown if held.is_lost() => {
+            Refreshed::Unknown | Refreshed::NotReplicated { .. } if held.is_lost() => {
                 schedule.entries.remove(&held.id);
                 found_lost.push(held);
             }
-            Refreshed::Unknown => {
+            // Short of replicas: tried again as a refresh that failed, and lost in the end.
+            Refreshed::Unknown | Refreshed::NotReplicated { .. } => {
                 unknown += 1;
                 if let Some(entry) = schedule.entries.get_mut(&held.id) {
                     entry.failed(now);

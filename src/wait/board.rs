@@ -361,6 +361,7 @@ mod tests {
             ttl_ms: 1000,
             fencing: false,
             fixed_token: false,
+            replicas: None,
         })
     }
 

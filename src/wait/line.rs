@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Condvar;
 
+use crate::backend::Replicas;
 use crate::hold::Kind;
 
 /// A streak of hand-overs ends after this many in a row while others listen for the
@@ -46,6 +47,8 @@ pub(crate) struct Offer {
     pub(crate) ttl_ms: u64,
     pub(crate) fencing: bool,
     pub(crate) fixed_token: bool,
+    /// Held only once this many replicas acknowledged it: never handed over.
+    pub(crate) replicas: Option<Replicas>,
 }
 
 /// How a claim on a waiter ended.
@@ -355,6 +358,7 @@ mod tests {
             ttl_ms: 1000,
             fencing: false,
             fixed_token: false,
+            replicas: None,
         })
     }
 

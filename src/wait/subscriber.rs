@@ -10,9 +10,9 @@ use parking_lot::Mutex;
 
 use super::board::{Board, SWEEP, Seen, Ticket};
 use super::line::{Handover, Offer};
-use crate::Result;
 use crate::backend::Pool;
 use crate::hold::random_token;
+use crate::{Error, Result};
 
 /// The channel `lua/release.lua` publishes on for `key` is the locker's prefix, this, and
 /// the key.
@@ -247,6 +247,8 @@ fn listen_until_stopped(board: &Board, pools: &[Pool]) {
 /// Listens on one connection; `Ok` when asked to stop, `Err` when the connection failed.
 fn listen(board: &Board, pool: &Pool, backoff: &mut Duration) -> Result<()> {
     let mut con = pool.dedicated(SWEEP)?;
+    // Through Sentinel: the master it listens on, which a failover makes the old one.
+    let master = con.master();
     con.set_read_timeout(Some(SWEEP))?;
     let mut pubsub = con.as_pubsub();
     pubsub.subscribe(&board.wake)?;
@@ -257,6 +259,12 @@ fn listen(board: &Board, pool: &Pool, backoff: &mut Duration) -> Result<()> {
             let mut state = board.state.lock();
             if state.stopping {
                 return Ok(());
+            }
+            if master.as_ref().is_some_and(|master| !master.is_current()) {
+                return Err(Error::Redis(redis::RedisError::from((
+                    redis::ErrorKind::Io,
+                    "the master it listened on was replaced in a failover",
+                ))));
             }
             let pending = std::mem::take(&mut state.pending);
             let idle = if swept.elapsed() >= SWEEP {

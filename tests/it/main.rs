@@ -17,6 +17,7 @@ mod redlock;
 mod refresh;
 mod security;
 mod semaphore;
+mod sentinel;
 mod server;
 mod stats;
 mod stress;

@@ -16,11 +16,18 @@
 //! # Ok(()) }
 //! ```
 //!
+//! [`Replicated`] is a master with replicas and the sentinels that watch it, for testing
+//! [`build_sentinel`](crate::LockerBuilder::build_sentinel) and failovers.
+//!
 //! `REDIS_SERVER` names the binary to run when `redis-server` is not on the PATH.
+
+mod replicated;
+
+pub use replicated::Replicated;
 
 use std::io::{self, Write};
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -36,10 +43,23 @@ pub struct Server {
     /// The watchdog, and its end of the pipe: closed when this process dies.
     watchdog: Option<(Child, ChildStdin)>,
     port: u16,
-    /// Where a persistent server keeps its append-only file; removed on drop.
+    launch: Launch,
+}
+
+/// How a server is started (again, on restart).
+#[derive(Clone, Default)]
+struct Launch {
+    /// Where a persistent server keeps its append-only file (a sentinel its
+    /// configuration); removed on drop.
     dir: Option<PathBuf>,
     /// A TLS-only server's certificates: the directory, and the CA's certificate (PEM).
     tls: Option<(PathBuf, Vec<u8>)>,
+    /// More arguments (`--replicaof`, `--requirepass`, ...).
+    args: Vec<String>,
+    /// A sentinel's configuration (without its port), written to `dir`.
+    sentinel: Option<String>,
+    /// The password `INFO` needs to tell whether the server is ours.
+    password: Option<String>,
 }
 
 impl Server {
@@ -49,7 +69,20 @@ impl Server {
     /// `NotFound`, saying how to install it, when there is no `redis-server` to run;
     /// another error when it does not come up.
     pub fn start() -> io::Result<Server> {
-        Server::start_on_free_port(None, None)
+        Server::start_on_free_port(Launch::default())
+    }
+
+    /// Like [`start`](Self::start), with more `redis-server` arguments (as
+    /// `["--requirepass", "secret"]`).
+    ///
+    /// # Errors
+    /// As [`start`](Self::start).
+    pub fn start_with(args: &[&str]) -> io::Result<Server> {
+        Server::start_on_free_port(Launch {
+            password: password_in(args),
+            args: args.iter().map(|arg| arg.to_string()).collect(),
+            ..Launch::default()
+        })
     }
 
     /// Like [`start`](Self::start), with every write in an append-only file fsynced at
@@ -59,14 +92,28 @@ impl Server {
     /// # Errors
     /// As [`start`](Self::start), and when the directory cannot be made.
     pub fn start_persistent() -> io::Result<Server> {
-        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let name = format!("redguard-test-{}-{n}", std::process::id());
-        let dir = std::env::temp_dir().join(name);
-        // A killed earlier run with the same process id may have left an old file there.
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir)?;
-        Server::start_on_free_port(Some(dir), None)
+        Server::start_on_free_port(Launch {
+            dir: Some(private_dir()?),
+            ..Launch::default()
+        })
+    }
+
+    /// A Redis Sentinel (`redis-server --sentinel`) with `config` (its `sentinel monitor`
+    /// and other lines; the port is added), in a directory of its own, removed on drop.
+    ///
+    /// # Errors
+    /// As [`start`](Self::start).
+    pub fn start_sentinel(config: &str) -> io::Result<Server> {
+        let password = config.lines().find_map(|line| {
+            line.strip_prefix("requirepass ")
+                .map(|password| password.trim().to_string())
+        });
+        Server::start_on_free_port(Launch {
+            dir: Some(private_dir()?),
+            sentinel: Some(config.to_string()),
+            password,
+            ..Launch::default()
+        })
     }
 
     /// A server that speaks TLS only (`rediss://`), with the certificates in `certs`
@@ -76,30 +123,28 @@ impl Server {
     /// # Errors
     /// As [`start`](Self::start).
     #[cfg(feature = "tls")]
-    pub fn start_tls(certs: &Path, ca: Vec<u8>) -> io::Result<Server> {
-        Server::start_on_free_port(None, Some((certs.to_path_buf(), ca)))
+    pub fn start_tls(certs: &std::path::Path, ca: Vec<u8>) -> io::Result<Server> {
+        Server::start_on_free_port(Launch {
+            tls: Some((certs.to_path_buf(), ca)),
+            ..Launch::default()
+        })
     }
 
-    fn start_on_free_port(
-        dir: Option<PathBuf>,
-        tls: Option<(PathBuf, Vec<u8>)>,
-    ) -> io::Result<Server> {
+    fn start_on_free_port(launch: Launch) -> io::Result<Server> {
         // A free port can be taken between our probe and the server's bind: try a few.
         for _ in 0..5 {
             let port = free_port()?;
-            let certs = tls.as_ref().map(|(certs, _)| certs.as_path());
-            let child = spawn(port, dir.as_deref(), certs)?;
+            let child = spawn(port, &launch)?;
             let mut server = Server {
                 watchdog: watchdog(child.id()),
                 child,
                 port,
-                dir: dir.clone(),
-                tls: tls.clone(),
+                launch: launch.clone(),
             };
             if server.wait_until_ready() {
                 return Ok(server);
             }
-            server.dir = None; // the next try uses the directory: keep it
+            server.launch.dir = None; // the next try uses the directory: keep it
         }
         Err(io::Error::other(
             "redis-server did not come up on a free port after 5 tries (a REDIS_SERVER \
@@ -109,7 +154,7 @@ impl Server {
 
     /// Its URL: `redis://127.0.0.1:<port>/` (`rediss://` for a TLS server).
     pub fn url(&self) -> String {
-        let scheme = if self.tls.is_some() {
+        let scheme = if self.launch.tls.is_some() {
             "rediss"
         } else {
             "redis"
@@ -158,8 +203,7 @@ impl Server {
     pub fn restart(&mut self) -> io::Result<()> {
         for _ in 0..50 {
             self.kill(); // a try that did not come up must not linger
-            let certs = self.tls.as_ref().map(|(certs, _)| certs.as_path());
-            self.child = spawn(self.port, self.dir.as_deref(), certs)?;
+            self.child = spawn(self.port, &self.launch)?;
             self.watchdog = watchdog(self.child.id());
             if self.wait_until_ready() {
                 return Ok(());
@@ -194,7 +238,7 @@ impl Server {
     /// # Errors
     /// As `redis::Client::open`.
     pub fn client(&self) -> redis::RedisResult<redis::Client> {
-        match &self.tls {
+        match &self.launch.tls {
             #[cfg(feature = "tls")]
             Some((_, ca)) => redis::Client::build_with_tls(
                 self.url(),
@@ -215,6 +259,12 @@ impl Server {
             .get_connection_with_timeout(Duration::from_secs(1))
             .ok()?;
         con.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        if let Some(password) = &self.launch.password {
+            redis::cmd("AUTH")
+                .arg(password)
+                .query::<()>(&mut con)
+                .ok()?;
+        }
         let info: String = redis::cmd("INFO").arg("server").query(&mut con).ok()?;
         info.lines()
             .find_map(|line| line.strip_prefix("process_id:"))
@@ -245,7 +295,7 @@ impl Drop for Server {
     fn drop(&mut self) {
         self.stop_watchdog();
         self.kill(); // SIGKILL also ends a paused server
-        if let Some(dir) = &self.dir {
+        if let Some(dir) = &self.launch.dir {
             let _ = std::fs::remove_dir_all(dir);
         }
     }
@@ -285,12 +335,41 @@ fn free_port() -> io::Result<u16> {
     Ok(listener.local_addr()?.port())
 }
 
-/// Starts `redis-server` on `port`: in memory only, or with every write fsynced to an
-/// append-only file in `dir`; speaking TLS only when given `certs`.
-fn spawn(port: u16, dir: Option<&Path>, certs: Option<&Path>) -> io::Result<Child> {
+/// A new directory of this process's own, under the system's temporary one.
+fn private_dir() -> io::Result<PathBuf> {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = format!("redguard-test-{}-{n}", std::process::id());
+    let dir = std::env::temp_dir().join(name);
+    // A killed earlier run with the same process id may have left an old file there.
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+/// The password given with `--requirepass` in `args`, if any.
+fn password_in(args: &[&str]) -> Option<String> {
+    let at = args.iter().position(|arg| *arg == "--requirepass")?;
+    args.get(at + 1).map(|password| password.to_string())
+}
+
+/// Starts `redis-server` on `port` as `launch` says: in memory only, or with every write
+/// fsynced to an append-only file in its `dir`; speaking TLS only when given
+/// certificates; or as a sentinel.
+fn spawn(port: u16, launch: &Launch) -> io::Result<Child> {
     let binary = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
     let mut command = Command::new(&binary);
+    if let (Some(config), Some(dir)) = (&launch.sentinel, &launch.dir) {
+        // A sentinel rewrites its configuration file: each start writes it afresh.
+        let file = dir.join("sentinel.conf");
+        std::fs::write(&file, format!("port {port}\nbind 127.0.0.1\n{config}\n"))?;
+        command.arg(file).arg("--sentinel");
+        return run(command, &binary);
+    }
     command.args(["--bind", "127.0.0.1", "--save", "", "--daemonize", "no"]);
+    command.args(&launch.args);
+    let certs = launch.tls.as_ref().map(|(certs, _)| certs.as_path());
+    let dir = launch.dir.as_deref();
     match certs {
         None => command.args(["--port", &port.to_string()]),
         Some(certs) => command
@@ -308,6 +387,10 @@ fn spawn(port: u16, dir: Option<&Path>, certs: Option<&Path>) -> io::Result<Chil
             .args(["--appendonly", "yes", "--appendfsync", "always", "--dir"])
             .arg(dir),
     };
+    run(command, &binary)
+}
+
+fn run(mut command: Command, binary: &str) -> io::Result<Child> {
     command
         .stdout(Stdio::null())
         .stderr(Stdio::null())

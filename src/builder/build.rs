@@ -1,168 +1,16 @@
-//! `LockerBuilder`: every setting of a locker, and the three ways to build one (one server,
-//! a quorum, a cluster). (Over 400 lines: one documented setter per setting, each with its
-//! default and bounds, and the checks that refuse bad ones before any connection.)
+//! The ways to build a [`Locker`] on a [`LockerBuilder`]'s settings: one server, a
+//! caller's pool, the master Sentinel names, a quorum of independent masters, a cluster.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use redis::cluster::ClusterClient;
 use redis::{Client, ConnectionInfo, IntoConnectionInfo};
 
-use crate::backend::Backend;
-use crate::backend::{Bounds, ClusterPool, Pool, Quorum};
-use crate::lost::OnLost;
-use crate::options::checked_ttl;
-use crate::{Error, Locker, Lost, Result};
-
-/// The longest [`LockerBuilder::node_timeout`]: far longer than any sensible one, short
-/// enough for the clock arithmetic.
-const MAX_NODE_TIMEOUT: Duration = Duration::from_secs(3600);
-
-/// Settings for a [`Locker`]; every setter's doc says its default.
-///
-/// ```no_run
-/// use std::time::Duration;
-///
-/// # fn main() -> Result<(), redguard::Error> {
-/// let locker = redguard::Locker::builder()
-///     .pool_size(16)
-///     .default_ttl(Duration::from_secs(30))
-///     .io_timeout(Duration::from_millis(500))
-///     .build("redis://127.0.0.1:6379/")?;
-/// # Ok(()) }
-/// ```
-#[derive(Clone, Debug)]
-pub struct LockerBuilder {
-    pool_size: u32,
-    default_ttl: Duration,
-    prefix: String,
-    bounds: Bounds,
-    /// For a quorum: how long one request to all nodes may take.
-    node_timeout: Duration,
-    /// Root certificate (PEM) that `rediss://` servers must chain to, instead of the
-    /// system's roots.
-    #[cfg(feature = "tls")]
-    tls_root: Option<Vec<u8>>,
-    on_lost: Option<OnLost>,
-}
-
-impl Default for LockerBuilder {
-    fn default() -> Self {
-        LockerBuilder {
-            pool_size: 16,
-            default_ttl: Duration::from_secs(30),
-            prefix: String::new(),
-            bounds: Bounds {
-                connect: Duration::from_secs(2),
-                io: Duration::from_secs(2),
-                checkout: Duration::from_secs(3),
-            },
-            node_timeout: Duration::from_millis(250),
-            #[cfg(feature = "tls")]
-            tls_root: None,
-            on_lost: None,
-        }
-    }
-}
+use super::{LockerBuilder, MAX_NODE_TIMEOUT};
+use crate::backend::{Backend, Bounds, ClusterPool, Pool, Quorum, Sentinels};
+use crate::{Error, Locker, Result};
 
 impl LockerBuilder {
-    /// How many connections the pool keeps open (all opened by [`build`](Self::build)).
-    ///
-    /// Defaults to 16.
-    pub fn pool_size(mut self, size: u32) -> Self {
-        self.pool_size = size;
-        self
-    }
-
-    /// The TTL of locks whose options set none.
-    ///
-    /// Defaults to 30 s.
-    pub fn default_ttl(mut self, ttl: Duration) -> Self {
-        self.default_ttl = ttl;
-        self
-    }
-
-    /// Text put before every key in Redis (and before each fencing counter), so that all
-    /// of the locker's keys share it: `prefix("locks:")` turns `lock(&["a"])` into the Redis
-    /// key `locks:a`, which makes an ACL rule like `~locks:*` enough. Guards report the
-    /// keys as given, without it.
-    ///
-    /// Defaults to none.
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
-        self
-    }
-
-    /// For `rediss://` URLs: the root certificate (PEM) the server's certificate must chain
-    /// to, for servers whose certificate a private CA signed. Needs the `tls` feature.
-    /// Used by [`build`](Self::build) only: a pool you build has its own client.
-    ///
-    /// Defaults to the system's root certificates.
-    #[cfg(feature = "tls")]
-    pub fn tls_root_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
-        self.tls_root = Some(pem.into());
-        self
-    }
-
-    /// The longest a new connection may take, TCP connect and handshake together.
-    ///
-    /// Defaults to 2 s.
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.bounds.connect = timeout;
-        self
-    }
-
-    /// The longest one read or write on a connection may block (a frozen server gives an
-    /// error after this).
-    ///
-    /// Defaults to 2 s.
-    pub fn io_timeout(mut self, timeout: Duration) -> Self {
-        self.bounds.io = timeout;
-        self
-    }
-
-    /// Calls `f` each time the refresher thread finds one of this locker's auto-refreshed
-    /// holds (lock, read lock, permit) lost: once per hold, with its keys and metadata.
-    /// A loss is also logged (`warn`, through the `log` facade) with or without it.
-    ///
-    /// `f` runs on the refresher thread, which keeps every other hold of the locker alive:
-    /// it must return quickly (hand the news to another thread if there is work to do).
-    /// A panic in `f` is caught; the refresher goes on.
-    ///
-    /// ```no_run
-    /// # fn main() -> Result<(), redguard::Error> {
-    /// let locker = redguard::Locker::builder()
-    ///     .on_lost(|lost| eprintln!("lost {:?} ({})", lost.keys(), lost.metadata()))
-    ///     .build("redis://127.0.0.1/")?;
-    /// # Ok(()) }
-    /// ```
-    pub fn on_lost(mut self, f: impl Fn(&Lost) + Send + Sync + 'static) -> Self {
-        self.on_lost = Some(OnLost(Arc::new(f)));
-        self
-    }
-
-    /// The longest a call waits for a free connection from the pool (including making one).
-    ///
-    /// Defaults to 3 s.
-    pub fn checkout_timeout(mut self, timeout: Duration) -> Self {
-        self.bounds.checkout = timeout;
-        self
-    }
-
-    /// For [`build_redlock`](Self::build_redlock): how long one request to every node may
-    /// take, connection checkout and replies together (each node's connections also use it
-    /// as their read and write timeout, in place of [`io_timeout`](Self::io_timeout)). A
-    /// node that has not answered by then (give or take half of it) counts as not having
-    /// the lock, and is left out for a while (50 ms, doubling up to 1 s while it keeps
-    /// failing). Keep it far below the TTL: time spent acquiring is taken off the lock's
-    /// validity.
-    ///
-    /// Defaults to 250 ms.
-    pub fn node_timeout(mut self, timeout: Duration) -> Self {
-        self.node_timeout = timeout;
-        self
-    }
-
     /// A locker on several independent Redis masters (not replicas of each other, not a
     /// cluster), with the Redlock algorithm: a lock is held when a majority of them
     /// (`N/2 + 1`) took it, all-or-nothing on each, within what is left of its TTL after
@@ -256,6 +104,7 @@ impl LockerBuilder {
     /// [`Error::Pool`] when the cluster cannot be reached within the checkout timeout.
     pub fn build_cluster<T: IntoConnectionInfo + Clone>(self, seeds: &[T]) -> Result<Locker> {
         self.check()?;
+        self.check_replica_timeout(self.bounds.io)?;
         if seeds.is_empty() {
             return Err(Error::InvalidInput(
                 "build_cluster needs at least one seed node URL".into(),
@@ -315,8 +164,107 @@ impl LockerBuilder {
     /// timeout.
     pub fn build<T: IntoConnectionInfo>(self, url: T) -> Result<Locker> {
         self.check()?;
+        self.check_replica_timeout(self.bounds.io)?;
         let client = self.client(url).map_err(bad_url)?;
         let pool = Pool::build(client, self.pool_size, self.bounds)?;
+        Ok(self.locker(Backend::Single(pool)))
+    }
+
+    /// A locker on the master that Redis Sentinel names `master_name`, found through any
+    /// of the `sentinels` that answers (`redis://[user:password@]host:port/`, their own
+    /// credentials; no database). The master's credentials and database are
+    /// [`master_password`](Self::master_password), [`master_user`](Self::master_user)
+    /// and [`master_db`](Self::master_db); it speaks TLS when the sentinels do
+    /// (`rediss://`).
+    ///
+    /// The locker follows a failover by itself: a thread listens to the sentinels'
+    /// `+switch-master` announcements (one sentinel at a time), and from the moment one
+    /// is heard no request goes to the old master; the master is also looked up again
+    /// when a connection to it fails or it answers as a replica (`READONLY`). The pool,
+    /// the refresher and the subscriber all move. How long a failover takes is Sentinel's
+    /// (its `down-after-milliseconds` and election); meanwhile calls fail within the
+    /// usual connect, I/O and checkout timeouts. A hold taken on the old master survives
+    /// only if a replica had it: see [`LockOptions::replicas`](crate::LockOptions::replicas)
+    /// and [scaling out](crate::guide::scaling_out).
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), redguard::Error> {
+    /// let locker = redguard::Locker::builder()
+    ///     .master_password("s3cret")
+    ///     .build_sentinel(&["redis://10.0.0.1:26379/", "redis://10.0.0.2:26379/"], "mymaster")?;
+    /// let _guard = locker.lock(&["report"])?; // on whichever server is the master now
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for no sentinel, an empty master name, a malformed URL, one
+    /// with a database number, sentinels with and without TLS, or a bad setting;
+    /// [`Error::Redis`] at once when no sentinel names a master that can be reached (the
+    /// cause says which), as for [`build`](Self::build).
+    pub fn build_sentinel<T: IntoConnectionInfo + Clone>(
+        self,
+        sentinels: &[T],
+        master_name: &str,
+    ) -> Result<Locker> {
+        self.check()?;
+        self.check_replica_timeout(self.bounds.io)?;
+        if sentinels.is_empty() || master_name.is_empty() {
+            return Err(Error::InvalidInput(
+                "build_sentinel needs at least one sentinel URL and the master's name".into(),
+            ));
+        }
+        let infos = sentinels
+            .iter()
+            .map(|url| url.clone().into_connection_info())
+            .collect::<redis::RedisResult<Vec<_>>>()
+            .map_err(bad_url)?;
+        if infos.iter().any(|info| info.redis_settings().db() != 0) {
+            return Err(Error::InvalidInput(
+                "a sentinel URL gives a database number: sentinels have none (set the \
+                 master's with master_db)"
+                    .into(),
+            ));
+        }
+        let is_tls =
+            |info: &ConnectionInfo| matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. });
+        let tls = infos.iter().all(is_tls);
+        if !tls && infos.iter().any(is_tls) {
+            return Err(Error::InvalidInput(
+                "some sentinel URLs are rediss:// and some redis://: the master speaks TLS \
+                 when the sentinels do, so give them all the same scheme"
+                    .into(),
+            ));
+        }
+        let clients = infos
+            .into_iter()
+            .map(|info| self.client(info))
+            .collect::<redis::RedisResult<Vec<_>>>()
+            .map_err(bad_url)?;
+        let login = self.master.clone();
+        #[cfg(feature = "tls")]
+        let tls_root = self.tls_root.clone();
+        #[cfg(not(feature = "tls"))]
+        let tls_root: Option<Vec<u8>> = None;
+        let master_client = move |addr: redis::ConnectionAddr| {
+            let mut settings = redis::RedisConnectionInfo::default().set_db(login.db);
+            if let Some(username) = &login.username {
+                settings = settings.set_username(username);
+            }
+            if let Some(password) = &login.password {
+                settings = settings.set_password(password);
+            }
+            let info = addr.into_connection_info()?.set_redis_settings(settings);
+            client(info, tls_root.as_deref())
+        };
+        let sentinels = Arc::new(Sentinels::new(
+            master_name,
+            clients,
+            Box::new(master_client),
+            tls,
+            self.bounds,
+        ));
+        let pool = Pool::build_sentinel(Arc::clone(&sentinels), self.pool_size, self.bounds)?;
+        Sentinels::watch(&sentinels);
         Ok(self.locker(Backend::Single(pool)))
     }
 
@@ -334,56 +282,26 @@ impl LockerBuilder {
     /// [`Error::InvalidInput`] for a zero I/O timeout or a bad default TTL.
     pub fn build_with_pool(self, pool: r2d2::Pool<Client>) -> Result<Locker> {
         self.check()?;
+        self.check_replica_timeout(self.bounds.io)?;
         Ok(self.given_pool(pool))
     }
 
-    #[cfg(not(feature = "tls"))]
     fn client<T: IntoConnectionInfo>(&self, url: T) -> redis::RedisResult<Client> {
-        Client::open(url)
-    }
-
-    #[cfg(feature = "tls")]
-    fn client<T: IntoConnectionInfo>(&self, url: T) -> redis::RedisResult<Client> {
-        let info = url.into_connection_info()?;
-        if matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }) {
-            crate::backend::tls::ensure_crypto_provider();
-        }
-        match &self.tls_root {
-            None => Client::open(info),
-            Some(root) => Client::build_with_tls(
-                info,
-                redis::TlsCertificates {
-                    client_tls: None,
-                    root_cert: Some(root.clone()),
-                },
-            ),
-        }
-    }
-
-    fn check(&self) -> Result<()> {
-        checked_ttl(self.default_ttl)?;
-        if self.pool_size == 0 {
-            return Err(Error::InvalidInput(
-                "pool_size is 0: a pool needs a connection".into(),
-            ));
-        }
-        let b = &self.bounds;
-        for (name, timeout) in [
-            ("connect", b.connect),
-            ("io", b.io),
-            ("checkout", b.checkout),
-        ] {
-            if timeout.is_zero() {
-                return Err(Error::InvalidInput(format!(
-                    "{name}_timeout is 0: every network wait needs a bound above zero"
-                )));
-            }
-        }
-        Ok(())
+        #[cfg(feature = "tls")]
+        return client(url, self.tls_root.as_deref());
+        #[cfg(not(feature = "tls"))]
+        return client(url, None);
     }
 
     fn locker(self, backend: Backend) -> Locker {
-        Locker::new(backend, self.default_ttl, self.prefix, self.on_lost)
+        let replica_timeout = self.replica_timeout_or_default();
+        Locker::new(
+            backend,
+            self.default_ttl,
+            self.prefix,
+            self.on_lost,
+            replica_timeout,
+        )
     }
 
     /// A locker on a caller's pool, with settings already checked.
@@ -391,6 +309,32 @@ impl LockerBuilder {
         let io = self.bounds.io;
         self.locker(Backend::Single(Pool::Given { pool, io }))
     }
+}
+
+/// A client for `url`; a `rediss://` one trusting `tls_root` when given (else the system's
+/// roots), with ring as rustls's provider unless the process has one.
+#[cfg(feature = "tls")]
+fn client<T: IntoConnectionInfo>(url: T, tls_root: Option<&[u8]>) -> redis::RedisResult<Client> {
+    let info = url.into_connection_info()?;
+    if matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }) {
+        crate::backend::tls::ensure_crypto_provider();
+    }
+    match tls_root {
+        None => Client::open(info),
+        Some(root) => Client::build_with_tls(
+            info,
+            redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(root.to_vec()),
+            },
+        ),
+    }
+}
+
+/// A client for `url` (no TLS without the `tls` feature).
+#[cfg(not(feature = "tls"))]
+fn client<T: IntoConnectionInfo>(url: T, _tls_root: Option<&[u8]>) -> redis::RedisResult<Client> {
+    Client::open(url)
 }
 
 /// A URL (or connection info) that redis-rs cannot use. The URL itself is not repeated:
@@ -405,37 +349,4 @@ fn bad_url(e: redis::RedisError) -> Error {
         "invalid Redis URL ({e}): use redis://[user:password@]host[:port][/db], {tls}, or \
          redis+unix:///path/to/socket"
     ))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn builder_rejects_zero_sizes_and_timeouts_before_connecting() {
-        let url = "redis://127.0.0.1:1/";
-        let cases = [
-            Locker::builder().pool_size(0),
-            Locker::builder().io_timeout(Duration::ZERO),
-            Locker::builder().connect_timeout(Duration::ZERO),
-            Locker::builder().checkout_timeout(Duration::ZERO),
-            Locker::builder().default_ttl(Duration::from_micros(10)),
-        ];
-        for builder in cases {
-            assert!(matches!(builder.build(url), Err(Error::InvalidInput(_))));
-        }
-    }
-
-    #[test]
-    fn malformed_url_is_invalid_input_naming_the_schemes() {
-        let err = Locker::connect("http://user:secret@nope").unwrap_err();
-        assert!(matches!(err, Error::InvalidInput(_)), "{err:?}");
-        let text = err.to_string();
-        assert!(text.contains("invalid Redis URL"), "{text}");
-        assert!(
-            text.contains("redis://") && text.contains("rediss://"),
-            "{text}"
-        );
-        assert!(!text.contains("secret"), "{text}");
-    }
 }

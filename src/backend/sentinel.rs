@@ -1,0 +1,330 @@
+//! Redis Sentinel: the master the sentinels name, found through any of them that answers,
+//! and followed through a failover.
+//!
+//! Our own lookup, not redis-rs's `sentinel` module: its blocking calls connect to the
+//! sentinels and the master, and read from them, without a timeout, and one frozen
+//! sentinel must not hang a lock call. Every wait here is bounded by the locker's connect
+//! and I/O timeouts.
+//!
+//! Each connection to the master carries the *generation* of the master it was made to. A
+//! new master starts a new one: heard from a sentinel (`+switch-master`, at once), or found
+//! by a lookup after a connection to the old one failed or answered as a replica
+//! (`READONLY`). The pools then drop connections of older generations instead of using
+//! them: after a forced failover the old master stays writable for seconds, and a lock
+//! taken there would be one the new master has never seen.
+
+use std::sync::{Arc, Weak};
+use std::thread;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use redis::{Client, Connection, ConnectionAddr, RedisResult};
+
+use super::pool::Bounds;
+
+/// A sentinel's announcement of a new master: `<name> <old ip> <old port> <new ip> <new
+/// port>`. The sentinel that led the failover sends it last, after reconfiguring the
+/// other replicas (a second or more after the promotion); the others as they learn of it.
+const SWITCH_MASTER: &str = "+switch-master";
+
+/// The leading sentinel's announcement that the replica it promoted now says it is the
+/// master: `slave <ip>:<port> <ip> <port> @ <name> <old ip> <old port>`. From then on the
+/// old master is the past, though it stays writable until it is reconfigured.
+const PROMOTED: &str = "+promoted-slave";
+
+/// How often the watcher looks up from its subscription (to notice the locker is gone).
+const WATCH_SLICE: Duration = Duration::from_secs(1);
+
+/// Makes a client for a master's address (with the master's credentials, database and
+/// TLS settings).
+pub(crate) type MasterClient = dyn Fn(ConnectionAddr) -> RedisResult<Client> + Send + Sync;
+
+/// The sentinels of one master name, and what they last said of it.
+pub(crate) struct Sentinels {
+    name: String,
+    sentinels: Vec<Client>,
+    master_client: Box<MasterClient>,
+    /// Whether the master speaks TLS (as the sentinels do).
+    tls: bool,
+    bounds: Bounds,
+    known: Mutex<Known>,
+}
+
+#[derive(Default)]
+struct Known {
+    /// The master's address as last learned.
+    master: Option<(String, u16)>,
+    /// Whether to use it as it is (else look it up first): not after a connection to it
+    /// failed.
+    trusted: bool,
+    /// Raised each time the master changes, or the one we had answered as a replica.
+    generation: u64,
+    /// The sentinel that answered last: asked first.
+    first: usize,
+}
+
+impl Sentinels {
+    /// The sentinels at `sentinels`, watching the master `name`; nothing is asked yet.
+    pub(crate) fn new(
+        name: &str,
+        sentinels: Vec<Client>,
+        master_client: Box<MasterClient>,
+        tls: bool,
+        bounds: Bounds,
+    ) -> Sentinels {
+        Sentinels {
+            name: name.to_string(),
+            sentinels,
+            master_client,
+            tls,
+            bounds,
+            known: Mutex::default(),
+        }
+    }
+
+    /// The current generation: connections made in an older one are not used.
+    pub(crate) fn generation(&self) -> u64 {
+        self.known.lock().generation
+    }
+
+    /// A connection to the master (bounded, with the I/O timeout set), and the generation
+    /// it belongs to. Looks the master up first unless its address is trusted, and once
+    /// more when connecting to a trusted address fails.
+    pub(crate) fn connect(&self) -> RedisResult<(Connection, u64)> {
+        let known = {
+            let known = self.known.lock();
+            known.trusted.then(|| known.master.clone()).flatten()
+        };
+        if let Some(master) = known {
+            match self.open(&master) {
+                Ok(con) => return Ok(con),
+                Err(_) => self.failed(),
+            }
+        }
+        let master = self.lookup()?;
+        self.open(&master)
+    }
+
+    /// A connection to `master`, if it still says it is the master.
+    fn open(&self, master: &(String, u16)) -> RedisResult<(Connection, u64)> {
+        let generation = self.generation();
+        let (host, port) = master.clone();
+        let addr = match self.tls {
+            false => ConnectionAddr::Tcp(host, port),
+            true => ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure: false,
+                tls_params: None,
+            },
+        };
+        let mut con =
+            (self.master_client)(addr)?.get_connection_with_timeout(self.bounds.connect)?;
+        con.set_read_timeout(Some(self.bounds.io))?;
+        con.set_write_timeout(Some(self.bounds.io))?;
+        match redis::cmd("ROLE").query::<redis::Value>(&mut con) {
+            Ok(role) if is_master(&role) => Ok((con, generation)),
+            Ok(_) => {
+                self.replica_seen();
+                Err(not_master(&self.name))
+            }
+            // A user whose ACL forbids ROLE: a replica answers its first write READONLY.
+            Err(e) if e.code() == Some("NOPERM") => Ok((con, generation)),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Asks the sentinels, the last one that answered first, for the master's address;
+    /// learns it.
+    fn lookup(&self) -> RedisResult<(String, u16)> {
+        let first = self.known.lock().first;
+        let count = self.sentinels.len();
+        let mut last_error = None;
+        for i in (0..count).map(|n| (first + n) % count) {
+            match self.ask(&self.sentinels[i]) {
+                Ok(Some(master)) => {
+                    self.known.lock().first = i;
+                    self.learned(&master);
+                    return Ok(master);
+                }
+                Ok(None) => last_error = Some(not_known(&self.name)),
+                Err(e) => last_error = Some(e),
+            }
+        }
+        Err(last_error.unwrap_or_else(|| not_known(&self.name)))
+    }
+
+    /// One sentinel's answer: the master's address, `None` when it does not know the name.
+    fn ask(&self, sentinel: &Client) -> RedisResult<Option<(String, u16)>> {
+        let mut con = self.sentinel_connection(sentinel)?;
+        redis::cmd("SENTINEL")
+            .arg("GET-MASTER-ADDR-BY-NAME")
+            .arg(&self.name)
+            .query(&mut con)
+    }
+
+    fn sentinel_connection(&self, sentinel: &Client) -> RedisResult<Connection> {
+        let con = sentinel.get_connection_with_timeout(self.bounds.connect)?;
+        con.set_read_timeout(Some(self.bounds.io))?;
+        con.set_write_timeout(Some(self.bounds.io))?;
+        Ok(con)
+    }
+
+    /// The master is at `master` (a sentinel said so): a new generation if it moved.
+    fn learned(&self, master: &(String, u16)) {
+        let mut known = self.known.lock();
+        if known.master.as_ref() != Some(master) {
+            if known.master.is_some() {
+                log::warn!(
+                    "redguard: sentinel master {:?} is now {}:{}",
+                    self.name,
+                    master.0,
+                    master.1
+                );
+            }
+            known.master = Some(master.clone());
+            known.generation += 1;
+        }
+        known.trusted = true;
+    }
+
+    /// A connection to the master failed: look it up again before the next one.
+    pub(crate) fn failed(&self) {
+        self.known.lock().trusted = false;
+    }
+
+    /// The server we took for the master answered as a replica: every connection to it is
+    /// stale, and the master is looked up again.
+    pub(crate) fn replica_seen(&self) {
+        let mut known = self.known.lock();
+        known.trusted = false;
+        known.generation += 1;
+    }
+
+    /// Starts the thread that listens for `+switch-master` on one sentinel at a time, for
+    /// as long as `sentinels` lives elsewhere. Best effort: without it, failovers are
+    /// still followed when a connection fails or answers as a replica.
+    pub(crate) fn watch(sentinels: &Arc<Sentinels>) {
+        let weak = Arc::downgrade(sentinels);
+        let _ = thread::Builder::new()
+            .name("redguard-sentinel".into())
+            .spawn(move || watch(&weak));
+    }
+}
+
+/// The watcher thread: subscribe on a sentinel, learn each switch of our master, move to
+/// the next sentinel when the connection fails; until the sentinels are dropped.
+fn watch(weak: &Weak<Sentinels>) {
+    let mut next = 0;
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        let Some(sentinels) = weak.upgrade() else {
+            return;
+        };
+        let sentinel = sentinels.sentinels[next % sentinels.sentinels.len()].clone();
+        let connected = sentinels.sentinel_connection(&sentinel);
+        drop(sentinels); // never keep them alive while blocked
+        if let Ok(con) = connected {
+            let _ = listen(weak, con, &mut backoff);
+        }
+        next += 1;
+        thread::sleep(backoff);
+        backoff = (backoff * 2).min(WATCH_SLICE);
+    }
+}
+
+/// Listens for switches on one sentinel's connection; returns when it fails, or when the
+/// sentinels are gone.
+fn listen(weak: &Weak<Sentinels>, mut con: Connection, backoff: &mut Duration) -> RedisResult<()> {
+    con.set_read_timeout(Some(WATCH_SLICE))?;
+    let mut pubsub = con.as_pubsub();
+    pubsub.subscribe(&[SWITCH_MASTER, PROMOTED])?;
+    *backoff = Duration::from_millis(50);
+    // A switch may have happened while nobody listened.
+    match weak.upgrade() {
+        Some(sentinels) => drop(sentinels.lookup()),
+        None => return Ok(()),
+    }
+    loop {
+        match pubsub.get_message() {
+            Ok(message) => {
+                let Some(sentinels) = weak.upgrade() else {
+                    return Ok(());
+                };
+                let payload: String = message.get_payload()?;
+                if let Some(master) =
+                    new_master(message.get_channel_name(), &payload, &sentinels.name)
+                {
+                    sentinels.learned(&master);
+                }
+            }
+            Err(e) if e.is_timeout() => {
+                if weak.strong_count() == 0 {
+                    return Ok(());
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The new master of `name` that an announcement on `channel` tells of, if it does.
+fn new_master(channel: &str, payload: &str, name: &str) -> Option<(String, u16)> {
+    let fields: Vec<&str> = payload.split(' ').collect();
+    let (master_name, host, port) = match (channel, &fields[..]) {
+        (SWITCH_MASTER, [master_name, _, _, host, port]) => (*master_name, *host, *port),
+        (PROMOTED, ["slave", _, host, port, "@", master_name, _, _]) => {
+            (*master_name, *host, *port)
+        }
+        _ => return None,
+    };
+    (master_name == name).then_some((host.to_string(), port.parse().ok()?))
+}
+
+/// Whether a ROLE reply is a master's.
+fn is_master(role: &redis::Value) -> bool {
+    match role {
+        redis::Value::Array(items) => matches!(
+            items.first(),
+            Some(redis::Value::BulkString(role)) if role == b"master"
+        ),
+        _ => false,
+    }
+}
+
+fn not_known(name: &str) -> redis::RedisError {
+    redis::RedisError::from((
+        redis::ErrorKind::Io,
+        "no sentinel answered with the master's address",
+        format!("master name {name:?}: check the name and that the sentinels are up"),
+    ))
+}
+
+fn not_master(name: &str) -> redis::RedisError {
+    redis::RedisError::from((
+        redis::ErrorKind::Io,
+        "the server the sentinels named is not a master (a failover under way?)",
+        format!("master name {name:?}"),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn announcements_of_a_new_master_are_read_for_our_name_only() {
+        let ours = Some(("10.0.0.2".to_string(), 6380));
+        let switch = "redguard 10.0.0.1 6379 10.0.0.2 6380";
+        assert_eq!(new_master(SWITCH_MASTER, switch, "redguard"), ours);
+        assert_eq!(new_master(SWITCH_MASTER, switch, "other"), None);
+        let promoted = "slave 10.0.0.2:6380 10.0.0.2 6380 @ redguard 10.0.0.1 6379";
+        assert_eq!(new_master(PROMOTED, promoted, "redguard"), ours);
+        assert_eq!(new_master(PROMOTED, promoted, "other"), None);
+        assert_eq!(new_master(PROMOTED, switch, "redguard"), None);
+        assert_eq!(
+            new_master(SWITCH_MASTER, "redguard 1 2 3 port", "redguard"),
+            None
+        );
+    }
+}

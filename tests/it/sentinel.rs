@@ -1,0 +1,372 @@
+//! Sentinel and replicas: a master, replicas and sentinels of each test's own
+//! (`redguard::testing::Replicated`), failovers forced and by SIGKILL, and holds that
+//! wait for their replicas.
+
+use std::time::{Duration, Instant};
+
+use redguard::testing::{Replicated, Server};
+use redguard::{Error, LockOptions, Locker, Retry};
+
+use crate::eventually;
+use crate::server::{RedisServer, closed_url};
+
+fn start(replicas: usize, sentinels: usize) -> Replicated {
+    Replicated::start(replicas, sentinels).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A locker on the group's sentinels, with short bounds.
+fn sentinel_locker(group: &Replicated) -> Locker {
+    Locker::builder()
+        .pool_size(4)
+        .connect_timeout(Duration::from_millis(500))
+        .io_timeout(Duration::from_secs(1))
+        .checkout_timeout(Duration::from_secs(2))
+        .replica_timeout(Duration::from_millis(200))
+        .build_sentinel(&group.sentinel_urls(), group.master_name())
+        .expect("a locker through the sentinels")
+}
+
+/// What `server` stores at `key`, asked behind the locker's back.
+fn stored(group: &Replicated, server: &Server, key: &str) -> Option<String> {
+    let client = redis::Client::open(group.url_of(server)).unwrap();
+    let mut con = client
+        .get_connection_with_timeout(Duration::from_secs(1))
+        .unwrap();
+    con.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    redis::cmd("GET").arg(key).query(&mut con).unwrap()
+}
+
+/// `err` says no replica of the one wanted acknowledged.
+fn assert_none_replicated(err: &Error) {
+    let none = Error::NotReplicated {
+        acknowledged: 0,
+        wanted: 1,
+    };
+    assert_eq!(format!("{err:?}"), format!("{none:?}"));
+}
+
+fn master(group: &Replicated) -> &Server {
+    &group.servers()[group.master_index().expect("the sentinels name a master")]
+}
+
+#[test]
+fn locks_go_to_the_master_the_sentinels_name() {
+    let group = start(1, 3);
+    let locker = sentinel_locker(&group);
+    let guard = locker.lock(&["s:a", "s:b"]).unwrap();
+    assert!(locker.try_lock(&["s:b"]).unwrap().is_none(), "held once");
+    let master = master(&group);
+    assert_eq!(
+        stored(&group, master, "s:a").as_deref(),
+        Some(guard.token())
+    );
+    guard.release().unwrap();
+    assert_eq!(stored(&group, master, "s:a"), None);
+}
+
+#[test]
+fn replicas_one_is_held_only_once_a_replica_has_it() {
+    let group = start(2, 0); // replication without sentinels: one server and its replicas
+    let locker = Locker::builder()
+        .replica_timeout(Duration::from_millis(500))
+        .build(group.url_of(&group.servers()[0]))
+        .unwrap();
+    let guard = locker
+        .lock_with(&["r:k"], LockOptions::default().replicas(2))
+        .unwrap();
+    // WAIT 2 returned 2: both replicas have it the moment lock returns.
+    for replica in &group.servers()[1..] {
+        assert_eq!(
+            stored(&group, replica, "r:k").as_deref(),
+            Some(guard.token())
+        );
+    }
+    // A refresh waits for them too.
+    guard.refresh(Duration::from_secs(20)).unwrap();
+    drop(guard);
+
+    // Every replica frozen: nothing is held, within the replica timeout.
+    for replica in &group.servers()[1..] {
+        replica.pause().unwrap();
+    }
+    let started = Instant::now();
+    let err = locker
+        .lock_with(&["r:k"], LockOptions::default().replicas(1))
+        .unwrap_err();
+    let took = started.elapsed();
+    for replica in &group.servers()[1..] {
+        replica.resume().unwrap();
+    }
+    assert_none_replicated(&err);
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    assert_eq!(stored(&group, &group.servers()[0], "r:k"), None, "given up");
+    // Free again for anyone.
+    assert!(locker.try_lock(&["r:k"]).unwrap().is_some());
+}
+
+#[test]
+fn a_refresh_short_of_replicas_is_an_error_and_the_refresher_finally_reports_it_lost() {
+    let group = start(1, 0);
+    let lost = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = std::sync::Arc::clone(&lost);
+    let locker = Locker::builder()
+        .replica_timeout(Duration::from_millis(100))
+        .on_lost(move |_| {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        })
+        .build(group.url_of(&group.servers()[0]))
+        .unwrap();
+    let options = LockOptions::default()
+        .replicas(1)
+        .ttl(Duration::from_millis(1500));
+    let manual = locker
+        .lock_with(&["m:k"], options.clone().auto_refresh(false))
+        .unwrap();
+    let auto = locker.lock_with(&["a:k"], options).unwrap();
+    let replica = &group.servers()[1];
+    replica.pause().unwrap();
+    let err = manual.refresh(Duration::from_millis(1500)).unwrap_err();
+    assert_none_replicated(&err);
+    // The master has the refresh, but it is not counted: the hold is lost in the end.
+    eventually(Duration::from_secs(5), "auto-refreshed hold lost", || {
+        auto.is_lost()
+    });
+    replica.resume().unwrap();
+    eventually(Duration::from_secs(2), "on_lost told", || {
+        lost.load(std::sync::atomic::Ordering::SeqCst) == 1
+    });
+}
+
+#[test]
+fn a_forced_failover_is_followed_at_once_by_new_locks_the_refresher_and_the_subscriber() {
+    let group = start(2, 3);
+    let locker = sentinel_locker(&group);
+    let old = group.master_index().unwrap();
+    let options = LockOptions::default().ttl(Duration::from_millis(1500));
+    let before = locker.lock_with(&["f:before"], options.clone()).unwrap();
+
+    let new = group.failover().unwrap();
+    assert_ne!(new, old);
+    // The old master stays writable for seconds after the switch: a locker that did not
+    // hear +switch-master would go on taking locks there.
+    let started = Instant::now();
+    eventually(
+        Duration::from_secs(2),
+        "a new lock on the new master",
+        || {
+            let guard = locker.lock(&["f:after"]).unwrap();
+            stored(&group, &group.servers()[new], "f:after").as_deref() == Some(guard.token())
+        },
+    );
+    assert_eq!(stored(&group, &group.servers()[old], "f:after"), None);
+    println!(
+        "new locks on the new master {:?} after the failover",
+        started.elapsed()
+    );
+
+    // The hold taken before is either refreshed on the new master or reported lost:
+    // never assumed held while the new master does not have it.
+    std::thread::sleep(Duration::from_millis(2000));
+    let on_new = stored(&group, &group.servers()[new], "f:before");
+    assert!(
+        before.is_lost() || on_new.as_deref() == Some(before.token()),
+        "held per the guard, but the new master has {on_new:?}"
+    );
+
+    // The subscriber listens on the new master: a release there wakes a waiter at once,
+    // not after its 30 s retry delay.
+    let held = locker.lock(&["f:wake"]).unwrap();
+    let waiter = {
+        let locker = locker.clone();
+        std::thread::spawn(move || {
+            let started = Instant::now();
+            let options = LockOptions::default().retry(Retry::linear(Duration::from_secs(30)));
+            let _guard = locker.lock_with(&["f:wake"], options).unwrap();
+            started.elapsed()
+        })
+    };
+    // Until the waiter listens on the new master.
+    let listening = |group: &Replicated| {
+        let client = redis::Client::open(group.url_of(&group.servers()[new])).unwrap();
+        let mut con = client.get_connection().unwrap();
+        let channels: Vec<String> = redis::cmd("PUBSUB")
+            .arg("CHANNELS")
+            .arg("*released*f:wake")
+            .query(&mut con)
+            .unwrap();
+        !channels.is_empty()
+    };
+    eventually(
+        Duration::from_secs(5),
+        "waiter subscribed on the new master",
+        || listening(&group),
+    );
+    drop(held);
+    let waited = waiter.join().unwrap();
+    assert!(waited < Duration::from_secs(10), "{waited:?}");
+}
+
+#[test]
+fn a_killed_master_is_followed_once_sentinel_promotes_a_replica() {
+    let mut group = start(2, 3);
+    let locker = sentinel_locker(&group);
+    let old = group.master_index().unwrap();
+    let old_port = group.servers()[old].port();
+    let before = locker
+        .lock_with(
+            &["k:before"],
+            LockOptions::default().ttl(Duration::from_secs(2)),
+        )
+        .unwrap();
+    group.servers_mut()[old].kill();
+    let new = group
+        .wait_for_new_master(old_port, Duration::from_secs(30))
+        .unwrap();
+    let started = Instant::now();
+    let after = loop {
+        match locker.lock(&["k:after"]) {
+            Ok(guard) => break guard,
+            Err(e) => {
+                assert!(started.elapsed() < Duration::from_secs(10), "{e}");
+            }
+        }
+    };
+    assert_eq!(
+        stored(&group, &group.servers()[new], "k:after").as_deref(),
+        Some(after.token())
+    );
+    // Taken before, without replicas: refreshed on the new master (if its write had
+    // reached the promoted replica), or reported lost; never assumed held otherwise.
+    eventually(Duration::from_secs(5), "the old hold decided", || {
+        let on_new = stored(&group, &group.servers()[new], "k:before");
+        before.is_lost() || on_new.as_deref() == Some(before.token())
+    });
+}
+
+#[test]
+fn a_lock_held_with_replicas_survives_a_failover_forced_right_after_it() {
+    let group = start(1, 3);
+    let locker = sentinel_locker(&group);
+    let guard = locker
+        .lock_with(&["w:k"], LockOptions::default().replicas(1))
+        .unwrap();
+    let new = group.failover().unwrap();
+    assert_eq!(
+        stored(&group, &group.servers()[new], "w:k").as_deref(),
+        Some(guard.token()),
+        "the promoted replica had it"
+    );
+    // And nobody else gets it there.
+    eventually(
+        Duration::from_secs(3),
+        "the locker on the new master",
+        || {
+            locker.try_lock(&["w:other"]).unwrap().is_some()
+                && stored(&group, &group.servers()[new], "w:other").is_none()
+        },
+    );
+    assert!(locker.try_lock(&["w:k"]).unwrap().is_none());
+    assert!(!guard.is_lost());
+}
+
+#[test]
+fn sentinels_and_master_with_passwords() {
+    let group = Replicated::start_with_password(1, 1, "pw-Ab3").unwrap();
+    let urls = group.sentinel_urls();
+    let err = match Locker::builder().build_sentinel(&urls, group.master_name()) {
+        Err(err) => err,
+        Ok(_) => panic!("the master wants a password"),
+    };
+    assert!(matches!(err, Error::Redis(_)), "{err:?}");
+    let locker = Locker::builder()
+        .master_password("pw-Ab3")
+        .build_sentinel(&urls, group.master_name())
+        .unwrap();
+    assert!(locker.try_lock(&["p:k"]).unwrap().is_some());
+}
+
+#[test]
+fn a_frozen_or_closed_sentinel_is_passed_over_within_the_bounds() {
+    let group = start(0, 2);
+    group.sentinels()[0].pause().unwrap();
+    let mut urls = vec![closed_url(0)];
+    urls.extend(group.sentinel_urls());
+    let started = Instant::now();
+    let locker = Locker::builder()
+        .connect_timeout(Duration::from_millis(300))
+        .io_timeout(Duration::from_millis(300))
+        .replica_timeout(Duration::from_millis(100))
+        .build_sentinel(&urls, group.master_name());
+    group.sentinels()[0].resume().unwrap();
+    let locker = locker.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(locker.try_lock(&["z:k"]).unwrap().is_some());
+
+    // No sentinel at all, or none that knows the name: an error, within the bounds.
+    let started = Instant::now();
+    let err = match Locker::builder()
+        .connect_timeout(Duration::from_millis(300))
+        .build_sentinel(&[closed_url(1)], "redguard")
+    {
+        Err(err) => err,
+        Ok(_) => panic!("no sentinel listens there"),
+    };
+    assert!(matches!(err, Error::Redis(_)), "{err:?}");
+    let err = match Locker::builder().build_sentinel(&group.sentinel_urls(), "nobody") {
+        Err(err) => err,
+        Ok(_) => panic!("no master of that name"),
+    };
+    assert!(err.to_string().contains("unreachable") || matches!(err, Error::Redis(_)));
+    assert!(started.elapsed() < Duration::from_secs(3));
+}
+
+#[test]
+fn bad_sentinel_and_replica_settings_are_refused_before_any_round_trip() {
+    let none: [&str; 0] = [];
+    let sentinel = closed_url(2);
+    let cases = [
+        Locker::builder().build_sentinel(&none, "m"),
+        Locker::builder().build_sentinel(&[sentinel.as_str()], ""),
+        Locker::builder().build_sentinel(&["redis://127.0.0.1:3/2"], "m"),
+        Locker::builder().build_sentinel(&[sentinel.as_str(), "rediss://127.0.0.1:4/"], "m"),
+        Locker::builder()
+            .replica_timeout(Duration::ZERO)
+            .build_sentinel(&[sentinel.as_str()], "m"),
+        Locker::builder()
+            .io_timeout(Duration::from_millis(500))
+            .replica_timeout(Duration::from_millis(500))
+            .build(sentinel.as_str()),
+    ];
+    for result in cases {
+        match result {
+            Err(Error::InvalidInput(_)) => {}
+            Err(other) => panic!("{other:?}"),
+            Ok(_) => panic!("accepted"),
+        }
+    }
+
+    // replicas(n) on Redlock, or more than any master has: before any round trip.
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    let quorum = Locker::builder().build_redlock(&urls).unwrap();
+    let err = quorum
+        .lock_with(&["q"], LockOptions::default().replicas(1))
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidInput(_)), "{err:?}");
+    for server in &servers {
+        assert_eq!(server.query::<i64>(&["EXISTS", "q"]), 0);
+    }
+    let single = crate::locker(&servers[0]);
+    let err = single
+        .lock_with(&["q"], LockOptions::default().replicas(101))
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidInput(_)), "{err:?}");
+    assert!(
+        single.try_lock(&["q"]).unwrap().is_some(),
+        "nothing was taken"
+    );
+}
