@@ -6,6 +6,7 @@
 //! cargo bench -- fan-out            # only Redlock on 5 nodes against a raw fan-out
 //! cargo bench -- permits            # only W6 (and W1) against the floor
 //! cargo bench -- reads              # only W8 and W9 (read locks)
+//! cargo bench -- replicas           # only lock + release with replicas(1), one replica
 //! cargo bench --bench contention    # W3, contention: benches/contention.rs
 //! taskset -c 0 cargo bench -- fan-out   # the same, client and servers on one CPU
 //! ```
@@ -69,6 +70,10 @@ fn main() {
     let span = Duration::from_secs_f64(secs);
     if std::env::args().any(|arg| arg == "fan-out") {
         println!("{}", fan_out_floor(span));
+        return;
+    }
+    if std::env::args().any(|arg| arg == "replicas") {
+        println!("{}", replicated(span));
         return;
     }
     let server = RedisServer::start();
@@ -155,6 +160,7 @@ fn main() {
     let fan_out = fan_out_floor(span);
 
     let reads = read_locks(&server, span);
+    let replicas = replicated(span);
     let parked = parked_handoff(&locker, 200, round_trip(&server, span));
     drop(locker); // W5 counts its own locker's refresher thread alone
     let refresher = refresher_load(&server, &url, 0);
@@ -187,6 +193,7 @@ fn main() {
     println!("{scaling}\n");
     println!("{fan_out}\n");
     println!("{reads}\n");
+    println!("{replicas}\n");
     println!("{parked}\n");
     println!("{refresher}\n");
     println!("{mixed}");
@@ -506,6 +513,56 @@ fn permits_only(server: &RedisServer, span: Duration) -> String {
         row("W6 permit, 1 thread", &median(w6), Some(&floor), Some(0.85)),
     ]
     .join("\n")
+}
+
+/// Lock + release with `replicas(1)` on a master with one replica (both private), against
+/// the same without it, in alternating rounds, 1 thread: the price of WAIT.
+fn replicated(span: Duration) -> String {
+    let group = redguard::testing::Replicated::start(1, 0).expect("a master and a replica");
+    let locker = Locker::connect(group.servers()[0].url()).expect("locker");
+    let (mut plain, mut waited) = (Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        plain.push(run(1, span, |i| {
+            options_cycle(&locker, format!("r0:{i}"), LockOptions::default())
+        }));
+        waited.push(run(1, span, |i| {
+            let options = LockOptions::default().replicas(1);
+            options_cycle(&locker, format!("r1:{i}"), options)
+        }));
+    }
+    let (plain, waited) = (median(plain), median(waited));
+    let line = |name: &str, stats: &Stats, ratio: String| {
+        format!(
+            "| {name} | {:.0} | {:.0} | {:.0} | {ratio} |",
+            stats.rate,
+            micros(stats.p50),
+            micros(stats.p99)
+        )
+    };
+    [
+        "| replicas, 1 thread, master + 1 replica | cycles/s | p50 µs | p99 µs | ratio |"
+            .to_string(),
+        "|---|---:|---:|---:|---:|".to_string(),
+        line("lock + release", &plain, "1 (base)".into()),
+        line(
+            "lock with replicas(1) + release",
+            &waited,
+            format!("{:.2}", waited.rate / plain.rate),
+        ),
+    ]
+    .join("\n")
+}
+
+/// One uncontended lock with `options` and its release.
+fn options_cycle(locker: &Locker, key: String, options: LockOptions) -> Box<dyn FnMut()> {
+    let locker = locker.clone();
+    Box::new(move || {
+        let guard = locker
+            .try_lock_with(&[key.as_str()], options.clone())
+            .expect("lock")
+            .expect("uncontended");
+        guard.release().expect("release");
+    })
 }
 
 /// W8: 4 threads taking and releasing read locks on one key, against 4 threads locking

@@ -1,7 +1,7 @@
 //! Distributed locks on Redis: blocking, multi-key and all-or-nothing, with RAII guards.
 //!
-//! A [`Locker`] holds a pool of connections (to one server, a quorum of independent ones,
-//! or a cluster); [`Locker::lock`] returns a [`LockGuard`], which a background thread keeps
+//! A [`Locker`] holds a pool of connections (to one server, the master Sentinel names, a
+//! quorum of independent ones, or a cluster); [`Locker::lock`] returns a [`LockGuard`], which a background thread keeps
 //! alive and which releases the lock when it drops.
 //!
 //! ```no_run
@@ -109,7 +109,8 @@
 //! lost when its lock is gone. Waiters are woken by a publish on release. The whole
 //! story is in the [guide]: [semantics](guide::semantics),
 //! [read locks](guide::read_locks), [semaphores](guide::semaphores), [fencing](guide::fencing),
-//! [security](guide::security), [scaling out](guide::scaling_out) (Redlock, Cluster) and
+//! [security](guide::security), [scaling out](guide::scaling_out) (Sentinel and replicas,
+//! Redlock, Cluster) and
 //! [performance](guide::performance).
 //!
 //! # Defaults and limits
@@ -125,7 +126,11 @@
 //!   the largest it has seen (the tokens rise only while Redis keeps its counters: see
 //!   [fencing](guide::fencing)).
 //! - One Redis server: if it loses data (restart without persistence, failover to a replica
-//!   that had not seen the write) a lock can be granted twice. A quorum of independent
+//!   that had not seen the write) a lock can be granted twice. Through Sentinel
+//!   ([`LockerBuilder::build_sentinel`]) the locker follows a failover at once, and
+//!   [`LockOptions::replicas`] holds a lock only once replicas acknowledged it, which
+//!   narrows that hole (`WAIT` is not consensus: a replica that restarts without
+//!   persistence forgets). A quorum of independent
 //!   servers ([`LockerBuilder::build_redlock`]) survives a minority of them failing, under
 //!   timing assumptions, and gives no fencing tokens; a Redis Cluster
 //!   ([`LockerBuilder::build_cluster`]) spreads locks over masters, each slot with the
@@ -150,7 +155,8 @@
 //!
 //! # Features
 //! - `testing`: [`testing::Server`], a private `redis-server` on a free loopback port for
-//!   your own tests, stopped on drop (and if the test process dies).
+//!   your own tests, stopped on drop (and if the test process dies); [`testing::Replicated`],
+//!   a master with replicas and sentinels, for failovers.
 //! - `metrics`: counters, gauges and histograms through the
 //!   [`metrics`](https://docs.rs/metrics) facade, for whichever recorder the application
 //!   installs (Prometheus and others). Labels name the kind of hold (`lock`, `read`,
@@ -191,7 +197,7 @@ mod wait; // waiters woken by releases: the subscriber thread and its board
 
 pub mod guide; // the manual (docs/*.md): semantics, read locks, semaphores, fencing, security, scaling out, performance
 #[cfg(feature = "testing")]
-pub mod testing; // Server: a private redis-server for tests (feature `testing`)
+pub mod testing; // Server, Replicated: private redis-servers for tests (feature `testing`)
 
 pub use backend::SocketTimeouts;
 pub use builder::LockerBuilder;

@@ -19,7 +19,8 @@ use crate::{Error, LockGuard, LockOptions, LockerBuilder, Result, Semaphore};
 ///   background: one on a single server, one per node on a quorum, one for the cluster
 ///   pool and one per seed on a cluster;
 /// - `redguard-refresher`: one, from the first guard with auto-refresh on;
-/// - `redguard-subscriber`: one, from the first thread that waits for a held key.
+/// - `redguard-subscriber`: one, from the first thread that waits for a held key;
+/// - `redguard-sentinel`: through Sentinel, one that listens for failovers.
 ///
 /// ```no_run
 /// # fn main() -> Result<(), redguard::Error> {

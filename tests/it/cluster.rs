@@ -490,3 +490,63 @@ fn read_locks_in_one_slot_work_and_across_slots_are_refused_before_any_round_tri
     assert!(members.iter().all(|m| !m.starts_with('!')), "{members:?}");
     assert!(locker.try_read(&["x"]).unwrap().is_some());
 }
+
+#[test]
+fn replicas_are_waited_for_on_each_slots_own_master() {
+    let mut cluster = RedisCluster::start();
+    cluster.add_replica(0);
+    let locker = Locker::builder()
+        .pool_size(2)
+        .replica_timeout(Duration::from_millis(200))
+        .build_cluster(&cluster.urls()[..1])
+        .unwrap();
+    // A key on the master with a replica, and one on a master without.
+    let on = |master: usize| {
+        (0..)
+            .map(|i| format!("rep:{i}"))
+            .find(|key| cluster.owner_of(RedisCluster::slot(key)) == master)
+            .unwrap()
+    };
+    let (with, without) = (on(0), on(1));
+    let replicated = LockOptions::default().replicas(1);
+    // A plain WAIT would go to every master, and answer the least count (0).
+    let guard = locker
+        .lock_with(&[with.as_str()], replicated.clone())
+        .unwrap();
+    let replica = redis::Client::open(cluster.urls()[3].as_str()).unwrap();
+    let mut con = replica
+        .get_connection_with_timeout(Duration::from_secs(1))
+        .unwrap();
+    con.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let (on_replica,): (Option<String>,) = redis::pipe()
+        .cmd("READONLY") // a cluster replica answers reads only after it
+        .ignore()
+        .cmd("GET")
+        .arg(&with)
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(on_replica.as_deref(), Some(guard.token()));
+    guard.refresh(Duration::from_secs(10)).unwrap();
+    drop(guard);
+
+    let err = locker
+        .lock_with(&[without.as_str()], replicated.clone())
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::NotReplicated {
+                acknowledged: 0,
+                wanted: 1
+            }
+        ),
+        "{err:?}"
+    );
+    // Across slots: the part without replicas fails, and every part is given up.
+    let both = [with.as_str(), without.as_str()];
+    let err = locker
+        .lock_with(&both, replicated.across_slots(true))
+        .unwrap_err();
+    assert!(matches!(err, Error::NotReplicated { .. }), "{err:?}");
+    assert_eq!(keys_in_cluster(&cluster), 0, "nothing left behind");
+}

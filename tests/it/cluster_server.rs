@@ -121,6 +121,36 @@ impl RedisCluster {
         panic!("a cluster node did not come up on a free port after 5 tries");
     }
 
+    /// Starts a fourth node as a replica of master `master`, and waits until it has
+    /// synced. Its index is 3.
+    #[allow(dead_code)] // for the replicas test
+    pub fn add_replica(&mut self, master: usize) -> usize {
+        self.start_node();
+        let replica = self.nodes.len() - 1;
+        let master_port = self.ports[master];
+        let _: () = self.query(replica, &cmd("CLUSTER", ("MEET", "127.0.0.1", master_port)));
+        let id = self.ids[master].clone();
+        let met = poll(Duration::from_secs(20), || {
+            self.try_query::<String>(replica, &cmd("CLUSTER", "NODES"))
+                .is_ok_and(|nodes| nodes.contains(&id))
+        });
+        assert!(met, "the new node did not meet master {master}");
+        let _: () = self.query(replica, &cmd("CLUSTER", ("REPLICATE", id.as_str())));
+        let synced = poll(Duration::from_secs(20), || {
+            self.try_query::<String>(replica, &cmd("INFO", "replication"))
+                .is_ok_and(|info| info.contains("master_link_status:up"))
+        });
+        assert!(synced, "the replica did not sync with master {master}");
+        let ok = poll(Duration::from_secs(20), || {
+            self.try_query::<String>(replica, &cmd("CLUSTER", "INFO"))
+                .is_ok_and(|info| info.contains("cluster_state:ok"))
+        });
+        assert!(ok, "the replica did not see the whole cluster");
+        let my_id = self.query(replica, &cmd("CLUSTER", "MYID"));
+        self.ids.push(my_id);
+        replica
+    }
+
     #[allow(dead_code)] // for tests that connect a Locker
     pub fn urls(&self) -> Vec<String> {
         self.ports
@@ -303,8 +333,10 @@ fn spawn(port: u16, dir: &Path) -> Child {
             "15000",
         ])
         // A master frozen by a test (for 6 s) must not take the others' slots down with it:
-        // no test here wants failure detection (there are no replicas to fail over to).
+        // no test here wants failure detection (replicas never fail over in 15 s).
         .args(["--cluster-require-full-coverage", "no"])
+        // A replica syncs at once, not after waiting 5 s for more of them.
+        .args(["--repl-diskless-sync-delay", "0"])
         .arg("--cluster-config-file")
         .arg(dir.join(format!("nodes-{port}.conf")));
     match command.stdout(Stdio::null()).stderr(Stdio::null()).spawn() {

@@ -1,5 +1,5 @@
 //! README.md's program is `examples/readme.rs`, shown as it is, and it runs; so does the
-//! semaphore and read-write examples README points to.
+//! semaphore, read-write and sentinel examples README points to.
 
 use std::process::Command;
 
@@ -63,4 +63,21 @@ fn the_read_write_example_runs_and_its_writer_is_alone() {
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(stdout.contains("with 0 readers inside"), "{stdout}");
     assert_eq!(stdout.matches("a reader read").count(), 3, "{stdout}");
+}
+
+#[test]
+fn the_sentinel_example_fails_over_and_keeps_locking() {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap().join("examples");
+    let output = Command::new(dir.join("sentinel"))
+        .output()
+        .expect("cargo test builds examples/sentinel.rs");
+    assert!(output.status.success(), "{output:?}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("is the master now"), "{stdout}");
+    assert!(
+        stdout.contains("demo:report is still held, now on the new master"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("released demo:report"), "{stdout}");
 }
