@@ -39,8 +39,8 @@ pub(crate) fn most(holds: impl IntoIterator<Item = Option<Replicas>>) -> Option<
 }
 
 /// After an acquire on `con` that found `acquired`: with replicas wanted and the hold
-/// taken, waits for them (`wait`); when too few acknowledge, gives a fresh hold up again
-/// on the same connection (a re-obtain keeps the owner's earlier hold) and answers
+/// taken, waits for them (`wait`); when too few acknowledge, gives the hold up again on
+/// the same connection (a fixed token's re-obtain keeps the owner's earlier hold) and answers
 /// [`Acquired::NotReplicated`].
 pub(crate) fn confirm<C: ConnectionLike>(
     con: &mut C,
@@ -55,7 +55,10 @@ pub(crate) fn confirm<C: ConnectionLike>(
     if acknowledged >= replicas.wanted {
         return Ok(acquired);
     }
-    if *fresh {
+    // A random token's keys are this attempt's even when not fresh (a request repeated
+    // after its connection dropped finds them taken already): only a fixed token may
+    // have held them before.
+    if *fresh || !attempt.fixed_token {
         // Announced: a waiter may have seen the keys taken.
         scripts::release(
             con,

@@ -66,11 +66,8 @@ fn locks_go_to_the_master_the_sentinels_name() {
 
 #[test]
 fn replicas_one_is_held_only_once_a_replica_has_it() {
-    let group = start(2, 0); // replication without sentinels: one server and its replicas
-    let locker = Locker::builder()
-        .replica_timeout(Duration::from_millis(500))
-        .build(group.url_of(&group.servers()[0]))
-        .unwrap();
+    let group = start(2, 3);
+    let locker = sentinel_locker(&group);
     let guard = locker
         .lock_with(&["r:k"], LockOptions::default().replicas(2))
         .unwrap();
