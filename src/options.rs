@@ -167,7 +167,8 @@ impl LockOptions {
     /// and a cluster (each slot's master); an [`Error::InvalidInput`] on Redlock, and
     /// above 100. It narrows, but does not close, the failover hole: see [scaling
     /// out](crate::guide::scaling_out). It costs one round trip more per acquire (the
-    /// replicas' acknowledgement), and the same per refresh round.
+    /// replicas' acknowledgement), and the same per refresh round (on a cluster, per hash
+    /// slot the round refreshes).
     ///
     /// Defaults to 0: no wait for replicas.
     ///

@@ -168,12 +168,17 @@ impl ClusterPool {
     /// there, on the same connection.
     fn acquire_slot(&self, attempt: &Attempt<'_>, set_first: bool) -> Result<Acquired> {
         let slot = slot(&attempt.keys[0]); // never empty: checked before any attempt
-        moving(self.run(|con| {
+        let acquired = moving(self.run(|con| {
             let acquired = scripts::acquire(con, attempt, set_first)?;
             replicas::confirm(con, attempt, acquired, |con, wanted| {
                 wait_on_slot(con, slot, wanted)
             })
-        }))
+        }));
+        replicas::unconfirmed(attempt, &acquired, || {
+            let (kind, keys, value) = (attempt.kind, attempt.keys, attempt.value);
+            self.run(|con| scripts::release(con, kind, keys, value, attempt.channels))
+        });
+        acquired
     }
 
     /// Refreshes a batch with one script call per slot its locks use, one slot after
@@ -354,12 +359,15 @@ type Part = Vec<(usize, Vec<String>)>;
 
 /// `WAIT` on the master of `slot`, on the connection the slot's writes went over (the
 /// cluster client would send a plain WAIT to every master and answer the least count).
+/// Never on a connection made again meanwhile: a new one has no writes to wait for, and
+/// WAIT would count every replica at once.
 fn wait_on_slot(con: &mut ClusterConnection, slot: u16, replicas: Replicas) -> RedisResult<u32> {
     let master = Route::new(slot, SlotAddr::Master);
     let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(master));
-    Ok(redis::from_redis_value(
-        con.route_command(&replicas::wait_cmd(replicas), route)?,
-    )?)
+    con.set_auto_reconnect(false);
+    let acknowledged = con.route_command(&replicas::wait_cmd(replicas), route);
+    con.set_auto_reconnect(true);
+    Ok(redis::from_redis_value(acknowledged?)?)
 }
 
 /// A part of a request not sent, as its master had just failed.

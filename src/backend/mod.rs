@@ -169,10 +169,17 @@ impl Backend {
     pub(crate) fn acquire(&self, attempt: &Attempt<'_>, set_first: bool) -> Result<Acquired> {
         match self {
             // Safe to repeat: taking keys that already hold our value again is a no-op.
-            Backend::Single(pool) => pool.run(|con| {
-                let acquired = scripts::acquire(con, attempt, set_first)?;
-                replicas::confirm(con, attempt, acquired, replicas::wait)
-            }),
+            Backend::Single(pool) => {
+                let acquired = pool.run(|con| {
+                    let acquired = scripts::acquire(con, attempt, set_first)?;
+                    replicas::confirm(con, attempt, acquired, replicas::wait)
+                });
+                replicas::unconfirmed(attempt, &acquired, || {
+                    let (kind, keys, value) = (attempt.kind, attempt.keys, attempt.value);
+                    pool.run(|con| scripts::release(con, kind, keys, value, attempt.channels))
+                });
+                acquired
+            }
             Backend::Quorum(quorum) => quorum.acquire(attempt, set_first),
             Backend::Cluster(cluster, _) => cluster.acquire(attempt, set_first),
         }

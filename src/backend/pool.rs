@@ -175,9 +175,8 @@ impl Pool {
         match self {
             Pool::Own { pool, .. } => {
                 let con = pool.try_get()?;
-                current(con, || pool.try_get().ok_or(()))
-                    .ok()
-                    .map(Conn::Own)
+                let next = || pool.try_get().ok_or_else(stale);
+                current(pool, con, next).ok().map(Conn::Own)
             }
             Pool::Given { pool, io } => pool
                 .try_get()
@@ -194,7 +193,8 @@ impl Pool {
         Ok(match self {
             Pool::Own { pool, .. } => {
                 let wait = wait.min(pool.connection_timeout());
-                Conn::Own(current(pool.get_timeout(wait)?, || pool.get_timeout(wait))?)
+                let next = || Ok(pool.get_timeout(wait)?);
+                Conn::Own(current(pool, pool.get_timeout(wait)?, next)?)
             }
             Pool::Given { pool, io } => {
                 let wait = wait.min(pool.connection_timeout());
@@ -206,32 +206,37 @@ impl Pool {
     /// A connection, waiting at most the checkout timeout.
     pub(crate) fn get(&self) -> Result<Conn> {
         Ok(match self {
-            Pool::Own { pool, .. } => Conn::Own(current(pool.get()?, || pool.get())?),
+            Pool::Own { pool, .. } => Conn::Own(current(pool, pool.get()?, || Ok(pool.get()?))?),
             Pool::Given { pool, io } => Conn::Given(in_step(pool.get()?, *io)?),
         })
     }
 }
 
 /// `con`, or, when it was made to a master that is no longer the master (a failover), the
-/// next `get` that is current: stale connections are thrown away one by one (at most a
-/// pool's worth, then the last one is used as it is).
-fn current<E>(
+/// next `get` that is current: stale connections are thrown away one by one, a pool's
+/// worth at most; then an error, never a connection to the old master.
+fn current(
+    pool: &r2d2::Pool<BoundedClient>,
     mut con: PooledConnection<BoundedClient>,
-    get: impl Fn() -> std::result::Result<PooledConnection<BoundedClient>, E>,
-) -> std::result::Result<PooledConnection<BoundedClient>, E> {
-    for _ in 0..MAX_STALE {
+    get: impl Fn() -> Result<PooledConnection<BoundedClient>>,
+) -> Result<PooledConnection<BoundedClient>> {
+    for _ in 0..=pool.max_size() {
         if con.master.as_ref().is_none_or(Master::is_current) {
-            break;
+            return Ok(con);
         }
         con.broken = true;
         drop(con);
         con = get()?;
     }
-    Ok(con)
+    Err(stale())
 }
 
-/// The most stale connections one checkout throws away before it uses one as it is.
-const MAX_STALE: usize = 64;
+fn stale() -> crate::Error {
+    crate::Error::Redis(RedisError::from((
+        redis::ErrorKind::Io,
+        "the pooled connections went to the old master (a failover under way)",
+    )))
+}
 
 /// A connection from a caller's pool, made ready for us: our socket timeouts set, and its
 /// replies in step with its requests.
@@ -394,8 +399,8 @@ impl Conn {
                     tracked.broken = true;
                     if let Some(master) = &tracked.master {
                         match replica {
-                            true => master.sentinels.replica_seen(),
-                            false => master.sentinels.failed(),
+                            true => master.sentinels.replica_seen(master.generation),
+                            false => master.sentinels.failed(master.generation),
                         }
                     }
                 }

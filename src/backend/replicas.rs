@@ -74,6 +74,22 @@ pub(crate) fn confirm<C: ConnectionLike>(
     })
 }
 
+/// After an acquire that wanted replicas and ended in an error (a WAIT that failed, a reply
+/// lost): the keys may be taken with nobody to hold them, so they are given up again
+/// (`release`, on another connection; best effort, by value, so never another owner's).
+/// A fixed token's keys are left alone: the same owner may have held them before.
+pub(crate) fn unconfirmed<T>(
+    attempt: &Attempt<'_>,
+    acquired: &crate::Result<Acquired>,
+    release: impl FnOnce() -> crate::Result<T>,
+) {
+    // Not after a pool that had no connection: the release would wait as long again.
+    let redis_failed = matches!(acquired, Err(crate::Error::Redis(_)));
+    if redis_failed && attempt.replicas.is_some() && !attempt.fixed_token {
+        let _ = release();
+    }
+}
+
 /// What a refresh batch found, given each hold's `held` and, when the batch waited for
 /// replicas, how many `acknowledged` it.
 pub(crate) fn refreshed(

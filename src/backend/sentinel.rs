@@ -59,6 +59,8 @@ struct Known {
     trusted: bool,
     /// Raised each time the master changes, or the one we had answered as a replica.
     generation: u64,
+    /// The sentinels' configuration epoch of `master`, as far as we know it.
+    epoch: u64,
     /// The sentinel that answered last: asked first.
     first: usize,
 }
@@ -90,24 +92,38 @@ impl Sentinels {
     /// A connection to the master (bounded, with the I/O timeout set), and the generation
     /// it belongs to. Looks the master up first unless its address is trusted, and once
     /// more when connecting to a trusted address fails.
+    /// A switch heard while connecting makes it try the new master at once (a few times
+    /// at most: r2d2 would wait hundreds of milliseconds before it tried again).
     pub(crate) fn connect(&self) -> RedisResult<(Connection, u64)> {
-        let known = {
-            let known = self.known.lock();
-            known.trusted.then(|| known.master.clone()).flatten()
-        };
-        if let Some(master) = known {
-            match self.open(&master) {
-                Ok(con) => return Ok(con),
-                Err(_) => self.failed(),
+        let mut last_error = None;
+        for _ in 0..3 {
+            let trusted = {
+                let known = self.known.lock();
+                let master = known.master.clone().filter(|_| known.trusted);
+                master.map(|master| (master, known.generation))
+            };
+            let (master, generation) = match &trusted {
+                Some(trusted) => trusted.clone(),
+                None => self.lookup()?,
+            };
+            match self.open(&master, generation) {
+                Ok(con) => return Ok((con, generation)),
+                // Moved on meanwhile: the new master is known already.
+                Err(e) if self.generation() != generation => last_error = Some(e),
+                // A trusted address that failed: look it up.
+                Err(e) if trusted.is_some() => {
+                    self.failed(generation);
+                    last_error = Some(e);
+                }
+                Err(e) => return Err(e),
             }
         }
-        let master = self.lookup()?;
-        self.open(&master)
+        Err(last_error.unwrap_or_else(|| moved(&self.name)))
     }
 
-    /// A connection to `master`, if it still says it is the master.
-    fn open(&self, master: &(String, u16)) -> RedisResult<(Connection, u64)> {
-        let generation = self.generation();
+    /// A connection to `master`, if it says it is the master and was still the one of
+    /// `generation` once it said so (a switch heard meanwhile makes it a stale one).
+    fn open(&self, master: &(String, u16), generation: u64) -> RedisResult<Connection> {
         let (host, port) = master.clone();
         let addr = match self.tls {
             false => ConnectionAddr::Tcp(host, port),
@@ -123,44 +139,63 @@ impl Sentinels {
         con.set_read_timeout(Some(self.bounds.io))?;
         con.set_write_timeout(Some(self.bounds.io))?;
         match redis::cmd("ROLE").query::<redis::Value>(&mut con) {
-            Ok(role) if is_master(&role) => Ok((con, generation)),
-            Ok(_) => {
-                self.replica_seen();
-                Err(not_master(&self.name))
-            }
+            Ok(role) if is_master(&role) => {}
             // A user whose ACL forbids ROLE: a replica answers its first write READONLY.
-            Err(e) if e.code() == Some("NOPERM") => Ok((con, generation)),
-            Err(e) => Err(e),
+            Err(e) if e.code() == Some("NOPERM") => {}
+            Ok(_) => {
+                self.replica_seen(generation);
+                return Err(not_master(&self.name));
+            }
+            Err(e) => return Err(e),
         }
+        if self.generation() != generation {
+            return Err(moved(&self.name));
+        }
+        Ok(con)
     }
 
-    /// Asks the sentinels, the last one that answered first, for the master's address;
-    /// learns it.
-    fn lookup(&self) -> RedisResult<(String, u16)> {
+    /// Asks the sentinels, the last one that answered first, for the master's address
+    /// (and the epoch of that configuration); learns it. The master to use, and its
+    /// generation: a sentinel that has not heard of a failover we know of is not believed.
+    fn lookup(&self) -> RedisResult<((String, u16), u64)> {
         let first = self.known.lock().first;
         let count = self.sentinels.len();
-        let mut last_error = None;
+        let (mut unknown, mut failure) = (None, None);
         for i in (0..count).map(|n| (first + n) % count) {
             match self.ask(&self.sentinels[i]) {
-                Ok(Some(master)) => {
+                Ok(Some((master, epoch))) => {
                     self.known.lock().first = i;
-                    self.learned(&master);
-                    return Ok(master);
+                    return Ok(self.learned(&master, Some(epoch)));
                 }
-                Ok(None) => last_error = Some(not_known(&self.name)),
-                Err(e) => last_error = Some(e),
+                // Said before an I/O error of another: it is the one to act on.
+                Ok(None) => unknown = Some(not_known(&self.name)),
+                Err(e) => failure = Some(e),
             }
         }
-        Err(last_error.unwrap_or_else(|| not_known(&self.name)))
+        Err(unknown.or(failure).unwrap_or_else(|| not_known(&self.name)))
     }
 
-    /// One sentinel's answer: the master's address, `None` when it does not know the name.
-    fn ask(&self, sentinel: &Client) -> RedisResult<Option<(String, u16)>> {
+    /// One sentinel's answer: the master's address and its configuration's epoch, `None`
+    /// when it does not know the name.
+    fn ask(&self, sentinel: &Client) -> RedisResult<Option<((String, u16), u64)>> {
         let mut con = self.sentinel_connection(sentinel)?;
-        redis::cmd("SENTINEL")
+        let master: Option<(String, u16)> = redis::cmd("SENTINEL")
             .arg("GET-MASTER-ADDR-BY-NAME")
             .arg(&self.name)
-            .query(&mut con)
+            .query(&mut con)?;
+        let Some(master) = master else {
+            return Ok(None);
+        };
+        let fields: Vec<String> = redis::cmd("SENTINEL")
+            .arg("MASTER")
+            .arg(&self.name)
+            .query(&mut con)?;
+        let epoch = fields
+            .iter()
+            .position(|field| field == "config-epoch")
+            .and_then(|at| fields.get(at + 1)?.parse().ok())
+            .unwrap_or(0);
+        Ok(Some((master, epoch)))
     }
 
     fn sentinel_connection(&self, sentinel: &Client) -> RedisResult<Connection> {
@@ -170,9 +205,18 @@ impl Sentinels {
         Ok(con)
     }
 
-    /// The master is at `master` (a sentinel said so): a new generation if it moved.
-    fn learned(&self, master: &(String, u16)) {
+    /// A sentinel named `master`: from a lookup, with its configuration's `epoch`; from an
+    /// announcement of a switch, without. A new generation if it moved. Never backwards: a
+    /// lookup's answer older than what we know (a sentinel that has not heard of the
+    /// failover yet) is ignored, and an announced switch counts as at least one epoch newer
+    /// than the configuration it replaces. The master to use now, and its generation.
+    fn learned(&self, master: &(String, u16), epoch: Option<u64>) -> ((String, u16), u64) {
         let mut known = self.known.lock();
+        let stale = epoch.is_some_and(|epoch| epoch < known.epoch);
+        if let (true, Some(current)) = (stale, &known.master) {
+            let current = current.clone();
+            return (current, known.generation);
+        }
         if known.master.as_ref() != Some(master) {
             if known.master.is_some() {
                 log::warn!(
@@ -182,23 +226,38 @@ impl Sentinels {
                     master.1
                 );
             }
+            known.epoch = match epoch {
+                Some(epoch) => epoch,
+                None if known.master.is_some() => known.epoch + 1,
+                None => known.epoch,
+            };
             known.master = Some(master.clone());
             known.generation += 1;
+        } else if let Some(epoch) = epoch {
+            known.epoch = known.epoch.max(epoch);
         }
         known.trusted = true;
+        (master.clone(), known.generation)
     }
 
-    /// A connection to the master failed: look it up again before the next one.
-    pub(crate) fn failed(&self) {
-        self.known.lock().trusted = false;
-    }
-
-    /// The server we took for the master answered as a replica: every connection to it is
-    /// stale, and the master is looked up again.
-    pub(crate) fn replica_seen(&self) {
+    /// A connection of `generation` to the master failed: look it up again before the
+    /// next one (unless a newer generation began meanwhile).
+    pub(crate) fn failed(&self, generation: u64) {
         let mut known = self.known.lock();
-        known.trusted = false;
-        known.generation += 1;
+        if known.generation == generation {
+            known.trusted = false;
+        }
+    }
+
+    /// The server a connection of `generation` went to answered as a replica: every
+    /// connection to it is stale, and the master is looked up again (unless a newer
+    /// generation began meanwhile: then it is the old master, already left behind).
+    pub(crate) fn replica_seen(&self, generation: u64) {
+        let mut known = self.known.lock();
+        if known.generation == generation {
+            known.trusted = false;
+            known.generation += 1;
+        }
     }
 
     /// Starts the thread that listens for `+switch-master` on one sentinel at a time, for
@@ -245,6 +304,8 @@ fn listen(weak: &Weak<Sentinels>, mut con: Connection, backoff: &mut Duration) -
         Some(sentinels) => drop(sentinels.lookup()),
         None => return Ok(()),
     }
+    // Quiet for a slice: a PING, whose answer must come within the next one (a frozen
+    // sentinel, or one cut off, is left for the next).
     loop {
         match pubsub.get_message() {
             Ok(message) => {
@@ -255,13 +316,14 @@ fn listen(weak: &Weak<Sentinels>, mut con: Connection, backoff: &mut Duration) -
                 if let Some(master) =
                     new_master(message.get_channel_name(), &payload, &sentinels.name)
                 {
-                    sentinels.learned(&master);
+                    sentinels.learned(&master, None);
                 }
             }
             Err(e) if e.is_timeout() => {
                 if weak.strong_count() == 0 {
                     return Ok(());
                 }
+                pubsub.ping::<redis::Value>()?;
             }
             Err(e) => return Err(e),
         }
@@ -300,6 +362,14 @@ fn not_known(name: &str) -> redis::RedisError {
     ))
 }
 
+fn moved(name: &str) -> redis::RedisError {
+    redis::RedisError::from((
+        redis::ErrorKind::Io,
+        "the master changed while connecting to it (a failover)",
+        format!("master name {name:?}"),
+    ))
+}
+
 fn not_master(name: &str) -> redis::RedisError {
     redis::RedisError::from((
         redis::ErrorKind::Io,
@@ -326,5 +396,38 @@ mod tests {
             new_master(SWITCH_MASTER, "redguard 1 2 3 port", "redguard"),
             None
         );
+    }
+
+    #[test]
+    fn the_master_never_moves_back_and_stale_connections_change_nothing() {
+        let bounds = Bounds {
+            connect: Duration::from_secs(1),
+            io: Duration::from_secs(1),
+            checkout: Duration::from_secs(1),
+        };
+        let client = Client::open("redis://127.0.0.1:1/").unwrap();
+        let sentinels = Sentinels::new("m", vec![client], Box::new(Client::open), false, bounds);
+        let (a, b) = (("a".to_string(), 1), ("b".to_string(), 2));
+        assert_eq!(sentinels.learned(&a, Some(0)), (a.clone(), 1));
+        assert_eq!(
+            sentinels.learned(&a, Some(0)),
+            (a.clone(), 1),
+            "the same master"
+        );
+        // Announced: at least one epoch newer than what it replaced.
+        assert_eq!(sentinels.learned(&b, None), (b.clone(), 2));
+        // A sentinel that has not heard of it yet is not believed.
+        assert_eq!(sentinels.learned(&a, Some(0)), (b.clone(), 2));
+        assert_eq!(sentinels.learned(&b, Some(1)), (b.clone(), 2));
+        // A later failover back to a, told by a lookup.
+        assert_eq!(sentinels.learned(&a, Some(2)), (a.clone(), 3));
+        // Failures of connections of an older generation change nothing.
+        sentinels.replica_seen(2);
+        sentinels.failed(2);
+        assert_eq!(sentinels.generation(), 3);
+        assert!(sentinels.known.lock().trusted);
+        sentinels.replica_seen(3);
+        assert_eq!(sentinels.generation(), 4);
+        assert!(!sentinels.known.lock().trusted);
     }
 }

@@ -178,10 +178,13 @@ impl LockerBuilder {
     /// (`rediss://`).
     ///
     /// The locker follows a failover by itself: a thread listens to the sentinels'
-    /// `+switch-master` announcements (one sentinel at a time), and from the moment one
-    /// is heard no request goes to the old master; the master is also looked up again
-    /// when a connection to it fails or it answers as a replica (`READONLY`). The pool,
-    /// the refresher and the subscriber all move. How long a failover takes is Sentinel's
+    /// `+switch-master` and `+promoted-slave` announcements (one sentinel at a time,
+    /// moving on from one that stops answering its PINGs), and from the moment one is
+    /// heard no new request goes to the old master (one already sent finishes there); the
+    /// master is also looked up again when a connection to it fails or it answers as a
+    /// replica (`READONLY`), and a sentinel that names an older configuration than one
+    /// already heard of is not believed. The pool, the refresher and the subscriber all
+    /// move. How long a failover takes is Sentinel's
     /// (its `down-after-milliseconds` and election); meanwhile calls fail within the
     /// usual connect, I/O and checkout timeouts. A hold taken on the old master survives
     /// only if a replica had it: see [`LockOptions::replicas`](crate::LockOptions::replicas)

@@ -49,9 +49,12 @@ pub struct Server {
 /// How a server is started (again, on restart).
 #[derive(Clone, Default)]
 struct Launch {
-    /// Where a persistent server keeps its append-only file (a sentinel its
-    /// configuration); removed on drop.
+    /// The server's own directory (its append-only file, a replica's copy of its master's
+    /// data, a sentinel's configuration), so that none reads another's files; removed on
+    /// drop.
     dir: Option<PathBuf>,
+    /// Every write in an append-only file, fsynced at once.
+    aof: bool,
     /// A TLS-only server's certificates: the directory, and the CA's certificate (PEM).
     tls: Option<(PathBuf, Vec<u8>)>,
     /// More arguments (`--replicaof`, `--requirepass`, ...).
@@ -93,7 +96,7 @@ impl Server {
     /// As [`start`](Self::start), and when the directory cannot be made.
     pub fn start_persistent() -> io::Result<Server> {
         Server::start_on_free_port(Launch {
-            dir: Some(private_dir()?),
+            aof: true,
             ..Launch::default()
         })
     }
@@ -109,7 +112,6 @@ impl Server {
                 .map(|password| password.trim().to_string())
         });
         Server::start_on_free_port(Launch {
-            dir: Some(private_dir()?),
             sentinel: Some(config.to_string()),
             password,
             ..Launch::default()
@@ -130,7 +132,8 @@ impl Server {
         })
     }
 
-    fn start_on_free_port(launch: Launch) -> io::Result<Server> {
+    fn start_on_free_port(mut launch: Launch) -> io::Result<Server> {
+        launch.dir = Some(private_dir()?);
         // A free port can be taken between our probe and the server's bind: try a few.
         for _ in 0..5 {
             let port = free_port()?;
@@ -369,7 +372,6 @@ fn spawn(port: u16, launch: &Launch) -> io::Result<Child> {
     command.args(["--bind", "127.0.0.1", "--save", "", "--daemonize", "no"]);
     command.args(&launch.args);
     let certs = launch.tls.as_ref().map(|(certs, _)| certs.as_path());
-    let dir = launch.dir.as_deref();
     match certs {
         None => command.args(["--port", &port.to_string()]),
         Some(certs) => command
@@ -381,11 +383,12 @@ fn spawn(port: u16, launch: &Launch) -> io::Result<Child> {
             .arg("--tls-ca-cert-file")
             .arg(certs.join("ca.crt")),
     };
-    match dir {
-        None => command.args(["--appendonly", "no"]),
-        Some(dir) => command
-            .args(["--appendonly", "yes", "--appendfsync", "always", "--dir"])
-            .arg(dir),
+    if let Some(dir) = &launch.dir {
+        command.arg("--dir").arg(dir);
+    }
+    match launch.aof {
+        false => command.args(["--appendonly", "no"]),
+        true => command.args(["--appendonly", "yes", "--appendfsync", "always"]),
     };
     run(command, &binary)
 }

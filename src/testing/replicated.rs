@@ -154,24 +154,54 @@ impl Replicated {
     /// # Errors
     /// As [`master_port`](Self::master_port).
     pub fn master_index(&self) -> io::Result<usize> {
-        let port = self.master_port()?;
+        self.index_of(self.master_port()?)
+    }
+
+    /// The index in [`servers`](Self::servers) of the master the sentinel at index
+    /// `sentinel` names (when another one is paused, say).
+    ///
+    /// # Errors
+    /// When there is no such sentinel, or it does not answer.
+    pub fn master_index_by(&self, sentinel: usize) -> io::Result<usize> {
+        let sentinel = self
+            .sentinels
+            .get(sentinel)
+            .ok_or_else(|| io::Error::other("no such sentinel"))?;
+        self.index_of(self.ask(sentinel)?)
+    }
+
+    fn index_of(&self, port: u16) -> io::Result<usize> {
         self.servers
             .iter()
             .position(|server| server.port() == port)
             .ok_or_else(|| io::Error::other(format!("the sentinels name port {port}")))
     }
 
-    /// Forces a failover (`SENTINEL FAILOVER`, retried while Sentinel is not ready for
-    /// one), and waits until every sentinel names the new master and it says it is one.
-    /// Returns the new master's index in [`servers`](Self::servers).
+    /// Forces a failover (`SENTINEL FAILOVER` on the first sentinel, retried while
+    /// Sentinel is not ready for one), and waits until the sentinels that answer name the
+    /// new master and it says it is one. Returns the new master's index in
+    /// [`servers`](Self::servers).
     ///
     /// # Errors
     /// When it does not happen within 30 s.
     pub fn failover(&self) -> io::Result<usize> {
-        let old = self.master_port()?;
+        self.failover_through(0)
+    }
+
+    /// Like [`failover`](Self::failover), asking the sentinel at index `sentinel` (when
+    /// the first is paused, say).
+    ///
+    /// # Errors
+    /// As [`failover`](Self::failover).
+    pub fn failover_through(&self, sentinel: usize) -> io::Result<usize> {
+        let leader = self
+            .sentinels
+            .get(sentinel)
+            .ok_or_else(|| io::Error::other(format!("no sentinel {sentinel}")))?;
+        let old = self.ask(leader)?;
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let asked = self.query(&self.sentinels[0], |con| {
+            let asked = self.query(leader, |con| {
                 redis::cmd("SENTINEL")
                     .arg("FAILOVER")
                     .arg(MASTER_NAME)
@@ -189,23 +219,25 @@ impl Replicated {
         self.wait_for_new_master(old, deadline.saturating_duration_since(Instant::now()))
     }
 
-    /// Waits up to `within` until every sentinel names a master other than the one on
-    /// port `old`, and that server says it is the master (after the old one was killed,
-    /// say). Returns its index in [`servers`](Self::servers).
+    /// Waits up to `within` until the sentinels that answer (a majority at least) name a
+    /// master other than the one on port `old`, and that server says it is the master
+    /// (after the old one was killed, say). Returns its index in
+    /// [`servers`](Self::servers).
     ///
     /// # Errors
     /// When that does not happen in time.
     pub fn wait_for_new_master(&self, old: u16, within: Duration) -> io::Result<usize> {
         let deadline = Instant::now() + within;
         while Instant::now() < deadline {
-            let named: Vec<Option<u16>> = self
+            let named: Vec<u16> = self
                 .sentinels
                 .iter()
-                .map(|sentinel| self.ask(sentinel).ok())
+                .filter_map(|sentinel| self.ask(sentinel).ok())
                 .collect();
-            if let Some(Some(port)) = named.first()
+            if let Some(port) = named.first()
                 && *port != old
-                && named.iter().all(|n| *n == Some(*port))
+                && named.len() > self.sentinels.len() / 2
+                && named.iter().all(|n| n == port)
                 && let Some(at) = self.servers.iter().position(|s| s.port() == *port)
                 && self.is_master(&self.servers[at])
             {
