@@ -10,6 +10,7 @@ mod input;
 mod lock;
 mod lost;
 mod props;
+mod proxy;
 mod queue;
 mod read;
 mod readme;
@@ -25,6 +26,7 @@ mod testing;
 mod threads;
 mod tls;
 mod wake;
+mod wire;
 
 use std::time::{Duration, Instant};
 

@@ -1,0 +1,316 @@
+//! Faults on the wire, through the fault-injecting proxy (`proxy.rs`): replies lost,
+//! half-open connections, latency past the TTL, and Redlock partitions.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redguard::{Error, LockOptions, Locker, Retry};
+
+use crate::eventually;
+use crate::proxy::{Cut, Proxy};
+use crate::server::RedisServer;
+
+/// Bounds of the lockers behind a proxy: every call fails within about a second.
+const IO: Duration = Duration::from_millis(300);
+
+fn behind(proxy: &Proxy) -> Locker {
+    Locker::builder()
+        .pool_size(2)
+        .connect_timeout(IO)
+        .io_timeout(IO)
+        .checkout_timeout(Duration::from_millis(600))
+        .build(proxy.url())
+        .expect("a locker through the proxy")
+}
+
+fn stored(server: &RedisServer, key: &str) -> Option<String> {
+    server.query(&["GET", key])
+}
+
+#[test]
+fn a_reply_lost_on_acquire_errors_in_time_and_blocks_no_one_beyond_the_ttl() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let locker = behind(&proxy);
+    let direct = crate::locker(&server);
+    let ttl = Duration::from_millis(800);
+    proxy.drop_replies_after(0);
+    let started = Instant::now();
+    let err = locker
+        .lock_with(&["w:a"], LockOptions::default().ttl(ttl))
+        .unwrap_err();
+    let took = started.elapsed();
+    assert!(matches!(err, Error::Redis(_)), "{err:?}");
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    // The request ran: the keys are taken, by nobody who knows it. No second owner while
+    // the first might hold them, and none blocked past the TTL.
+    assert!(stored(&server, "w:a").is_some());
+    assert!(direct.try_lock(&["w:a"]).unwrap().is_none());
+    let freed = Instant::now();
+    let second = direct.lock(&["w:a"]).unwrap();
+    assert!(started.elapsed() >= ttl - Duration::from_millis(50));
+    assert!(freed.elapsed() < ttl, "{:?}", freed.elapsed());
+    drop(second);
+    proxy.heal();
+    assert!(
+        locker.try_lock(&["w:a"]).unwrap().is_some(),
+        "the pool recovered"
+    );
+}
+
+#[test]
+fn a_reply_lost_on_release_never_releases_someone_elses_lock() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let locker = behind(&proxy);
+    let direct = crate::locker(&server);
+    // The release script is cached on the server: the release below runs there.
+    drop(locker.lock(&["w:warm"]).unwrap());
+    let guard = locker.lock(&["w:r"]).unwrap();
+    proxy.drop_replies_after(0);
+    let err = guard.release().unwrap_err();
+    assert!(
+        matches!(err, Error::Redis(_)),
+        "an error, as the docs say: {err:?}"
+    );
+    // It ran all the same: the next owner gets the key at once, and it is its own.
+    assert_eq!(stored(&server, "w:r"), None);
+    let next = direct.try_lock(&["w:r"]).unwrap().expect("free");
+    proxy.heal();
+    thread::sleep(Duration::from_millis(100)); // anything late would land by now
+    assert_eq!(stored(&server, "w:r").as_deref(), Some(next.token()));
+    assert!(locker.try_lock(&["w:r"]).unwrap().is_none());
+    next.release().unwrap();
+}
+
+#[test]
+fn a_half_open_connection_while_holding_is_lost_in_time_and_the_pool_recovers() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let locker = behind(&proxy);
+    let ttl = Duration::from_millis(1200);
+    let taken = Instant::now();
+    let guard = locker
+        .lock_with(&["w:h"], LockOptions::default().ttl(ttl))
+        .unwrap();
+    proxy.set(|f| {
+        f.up.blackhole = true;
+        f.down.blackhole = true;
+    });
+    // Every call errors within its bound.
+    let started = Instant::now();
+    assert!(guard.ttl().is_err());
+    assert!(locker.try_lock(&["w:other"]).is_err());
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    // The refresher cannot reach it: lost no later than the TTL.
+    eventually(ttl, "lost within the ttl", || guard.is_lost());
+    assert!(taken.elapsed() <= ttl + Duration::from_millis(100));
+    proxy.heal();
+    let again = Instant::now();
+    eventually(Duration::from_secs(3), "the pool recovers", || {
+        locker.try_lock(&["w:h2"]).is_ok_and(|g| g.is_some())
+    });
+    assert!(again.elapsed() < Duration::from_secs(3));
+    assert!(matches!(
+        guard.release(),
+        Err(Error::LockLost) | Err(Error::Redis(_))
+    ));
+}
+
+#[test]
+fn a_half_open_connection_while_waiting_errors_in_time() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let locker = behind(&proxy);
+    let direct = crate::locker(&server);
+    let held = direct.lock(&["w:wait"]).unwrap();
+    let waiter = {
+        let locker = locker.clone();
+        thread::spawn(move || {
+            let options = LockOptions::default().retry(Retry::linear(Duration::from_millis(50)));
+            let started = Instant::now();
+            (
+                locker.lock_with(&["w:wait"], options).map(drop),
+                started.elapsed(),
+            )
+        })
+    };
+    thread::sleep(Duration::from_millis(200)); // waiting now
+    let cut_at = Instant::now();
+    proxy.set(|f| {
+        f.up.blackhole = true;
+        f.down.blackhole = true;
+    });
+    let (result, _) = waiter.join().unwrap();
+    assert!(
+        matches!(result, Err(Error::Redis(_)) | Err(Error::Pool(_))),
+        "{result:?}"
+    );
+    assert!(
+        cut_at.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        cut_at.elapsed()
+    );
+    drop(held);
+}
+
+#[test]
+fn latency_past_the_ttl_while_holding_is_lost_before_the_server_expires_it() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let locker = Locker::builder()
+        .pool_size(2)
+        .io_timeout(Duration::from_secs(3))
+        .build(proxy.url())
+        .unwrap();
+    let ttl = Duration::from_millis(600);
+    let guard = locker
+        .lock_with(&["w:slow"], LockOptions::default().ttl(ttl))
+        .unwrap();
+    // Replies now take longer than the TTL: refreshes arrive, their answers too late.
+    proxy.set(|f| f.down.latency = Duration::from_millis(900));
+    let mut con = server.connection();
+    let gone_on_server = loop {
+        let ttl_left: i64 = redis::cmd("PTTL").arg("w:slow").query(&mut con).unwrap();
+        if ttl_left < 0 {
+            break Instant::now();
+        }
+        assert!(
+            guard.is_lost() || ttl_left > 0,
+            "the server expires it while the guard still says held"
+        );
+        thread::sleep(Duration::from_millis(5));
+    };
+    // The server may have kept it alive by a refresh that landed: then is_lost flips at
+    // the latest when the server lets it go; never later.
+    let lost_by = gone_on_server + Duration::from_millis(20);
+    assert!(guard.is_lost() || Instant::now() < lost_by);
+    eventually(
+        Duration::from_millis(100),
+        "lost once the server let it go",
+        || guard.is_lost(),
+    );
+    proxy.heal();
+    assert!(matches!(guard.refresh(ttl), Err(Error::LockLost)));
+}
+
+/// Five servers, each behind a proxy of each client's own.
+struct Quorum {
+    servers: Vec<RedisServer>,
+}
+
+impl Quorum {
+    fn start() -> Quorum {
+        Quorum {
+            servers: (0..5).map(|_| RedisServer::start()).collect(),
+        }
+    }
+
+    /// A client: a Redlock locker on proxies of its own to every server.
+    fn client(&self) -> (Locker, Vec<Proxy>) {
+        let proxies: Vec<Proxy> = self
+            .servers
+            .iter()
+            .map(|s| Proxy::start(s.port()))
+            .collect();
+        let urls: Vec<String> = proxies.iter().map(Proxy::url).collect();
+        let locker = Locker::builder()
+            .pool_size(4)
+            .node_timeout(Duration::from_millis(200))
+            .connect_timeout(Duration::from_millis(200))
+            .build_redlock(&urls)
+            .unwrap();
+        (locker, proxies)
+    }
+}
+
+#[test]
+fn redlock_with_two_slow_nodes_holds_on_three_for_what_is_left_of_the_ttl() {
+    let quorum = Quorum::start();
+    let (locker, proxies) = quorum.client();
+    for slow in &proxies[..2] {
+        slow.set(|f| f.down.latency = Duration::from_millis(400)); // above node_timeout
+    }
+    let ttl = Duration::from_millis(1500);
+    let started = Instant::now();
+    let guard = locker
+        .lock_with(
+            &["q:slow"],
+            LockOptions::default().ttl(ttl).auto_refresh(false),
+        )
+        .unwrap();
+    let took = started.elapsed();
+    // Held on the three fast nodes; the time spent is taken off the validity.
+    let holding = quorum
+        .servers
+        .iter()
+        .filter(|s| stored(s, "q:slow").as_deref() == Some(guard.token()))
+        .count();
+    assert!(holding >= 3, "{holding}");
+    eventually(ttl, "lost within the ttl counted from the request", || {
+        guard.is_lost()
+    });
+    assert!(started.elapsed() <= ttl + Duration::from_millis(20));
+    assert!(started.elapsed() >= ttl - took - Duration::from_millis(100));
+}
+
+#[test]
+fn redlock_clients_on_different_majorities_never_both_hold_and_a_node_comes_back() {
+    let quorum = Quorum::start();
+    let (x, x_proxies) = quorum.client();
+    let (y, y_proxies) = quorum.client();
+    // x sees nodes 0, 1, 2; y sees 2, 3, 4: only node 2 is on both sides.
+    for cut in [&x_proxies[3], &x_proxies[4], &y_proxies[0], &y_proxies[1]] {
+        cut.set(|f| {
+            f.up.blackhole = true;
+            f.down.blackhole = true;
+        });
+    }
+    let inside = Arc::new(AtomicUsize::new(0));
+    let (most, held) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let workers: Vec<_> = [x.clone(), y.clone()]
+        .into_iter()
+        .map(|locker| {
+            let (inside, most, held) = (Arc::clone(&inside), Arc::clone(&most), Arc::clone(&held));
+            thread::spawn(move || {
+                while Instant::now() < deadline {
+                    let options = LockOptions::default().ttl(Duration::from_secs(2));
+                    if let Ok(Some(guard)) = locker.try_lock_with(&["q:split"], options) {
+                        let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                        most.fetch_max(now, Ordering::SeqCst);
+                        held.fetch_add(1, Ordering::SeqCst);
+                        thread::sleep(Duration::from_millis(20));
+                        inside.fetch_sub(1, Ordering::SeqCst);
+                        let _ = guard.release();
+                    }
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.join().unwrap();
+    }
+    assert!(held.load(Ordering::SeqCst) > 0, "someone held it");
+    assert_eq!(most.load(Ordering::SeqCst), 1, "never both at once");
+    // The partition heals: both get the lock again, on every node.
+    for proxy in x_proxies.iter().chain(&y_proxies) {
+        proxy.heal();
+        proxy.cut(Cut::Close);
+    }
+    eventually(Duration::from_secs(3), "held on all five nodes", || {
+        let Ok(Some(guard)) = x.try_lock(&["q:back"]) else {
+            return false;
+        };
+        quorum
+            .servers
+            .iter()
+            .all(|s| stored(s, "q:back").as_deref() == Some(guard.token()))
+    });
+}
