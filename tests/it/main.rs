@@ -25,6 +25,7 @@ mod stress;
 mod testing;
 mod threads;
 mod tls;
+mod torture;
 mod wake;
 mod wire;
 
