@@ -19,5 +19,8 @@ pub mod security {}
 #[doc = include_str!("../docs/scaling_out.md")]
 pub mod scaling_out {}
 
+#[doc = include_str!("../docs/reliability.md")]
+pub mod reliability {}
+
 #[doc = include_str!("../docs/performance.md")]
 pub mod performance {}

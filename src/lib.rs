@@ -110,7 +110,7 @@
 //! story is in the [guide]: [semantics](guide::semantics),
 //! [read locks](guide::read_locks), [semaphores](guide::semaphores), [fencing](guide::fencing),
 //! [security](guide::security), [scaling out](guide::scaling_out) (Sentinel and replicas,
-//! Redlock, Cluster) and
+//! Redlock, Cluster), [reliability](guide::reliability) (faults on the wire) and
 //! [performance](guide::performance).
 //!
 //! # Defaults and limits
@@ -195,7 +195,7 @@ mod hold; // any hold (lock, read lock, permit): the waiting loop, its state, to
 mod stats; // what a locker counts, through the metrics facade (feature `metrics`)
 mod wait; // waiters woken by releases: the subscriber thread and its board
 
-pub mod guide; // the manual (docs/*.md): semantics, read locks, semaphores, fencing, security, scaling out, performance
+pub mod guide; // the manual (docs/*.md): semantics, read locks, semaphores, fencing, security, scaling out, reliability, performance
 #[cfg(feature = "testing")]
 pub mod testing; // Server, Replicated: private redis-servers for tests (feature `testing`)
 
