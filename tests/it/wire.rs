@@ -314,3 +314,28 @@ fn redlock_clients_on_different_majorities_never_both_hold_and_a_node_comes_back
             .all(|s| stored(s, "q:back").as_deref() == Some(guard.token()))
     });
 }
+
+#[test]
+fn connections_cut_and_refused_give_errors_within_the_bounds_and_the_pool_recovers() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let locker = behind(&proxy);
+    let guard = locker.lock(&["w:cut"]).unwrap();
+    proxy.set(|f| f.refuse = true);
+    proxy.cut(Cut::Reset);
+    let started = Instant::now();
+    assert!(locker.try_lock(&["w:other"]).is_err());
+    assert!(guard.ttl().is_err());
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    proxy.heal();
+    eventually(Duration::from_secs(3), "the pool recovers", || {
+        locker.try_lock(&["w:other"]).is_ok_and(|g| g.is_some())
+    });
+    // The hold was never lost on the server: the guard still has it.
+    assert!(guard.ttl().unwrap().is_some());
+    guard.release().unwrap();
+}
