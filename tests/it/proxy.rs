@@ -43,6 +43,21 @@ pub enum Cut {
     Close,
 }
 
+/// One proxied connection: both ends, and what its pumps are told.
+struct Link {
+    client: TcpStream,
+    server: TcpStream,
+    state: Arc<LinkState>,
+}
+
+#[derive(Default)]
+struct LinkState {
+    /// Cut by RST: the pumps close without a FIN.
+    reset: AtomicBool,
+    /// Pumps that ended (2: the link is gone).
+    ended: AtomicU64,
+}
+
 pub struct Proxy {
     port: u16,
     shared: Arc<Shared>,
@@ -53,7 +68,7 @@ struct Shared {
     upstream: u16,
     faults: Mutex<Faults>,
     /// Both ends of each live connection, to cut them.
-    conns: Mutex<Vec<(TcpStream, TcpStream)>>,
+    conns: Mutex<Vec<Link>>,
     stop: AtomicBool,
     /// Requests seen going up, and from which one on replies are dropped.
     requests: AtomicU64,
@@ -104,20 +119,31 @@ impl Proxy {
             .store(u64::MAX, Ordering::SeqCst);
     }
 
-    /// Ends every open connection, both ends.
+    /// Ends every open connection, both ends. A reset is sent once every copy of a
+    /// socket is closed: the pumps are woken by a shutdown of the reading side (which
+    /// sends nothing), and close without a FIN.
     pub fn cut(&self, how: Cut) {
-        for (client, server) in self.shared.conns.lock().drain(..) {
-            for stream in [client, server] {
-                if let Cut::Reset = how {
-                    reset_on_close(&stream);
+        for link in self.shared.conns.lock().drain(..) {
+            if let Cut::Reset = how {
+                link.state.reset.store(true, Ordering::SeqCst);
+            }
+            for stream in [&link.client, &link.server] {
+                match how {
+                    Cut::Reset => {
+                        reset_on_close(stream);
+                        let _ = stream.shutdown(Shutdown::Read);
+                    }
+                    Cut::Close => {
+                        let _ = stream.shutdown(Shutdown::Both);
+                    }
                 }
-                let _ = stream.shutdown(Shutdown::Both);
             }
         }
     }
 
     /// The next `n` requests pass, and so do their replies; the replies of every request
-    /// after them are dropped (the requests still reach the server).
+    /// after them are dropped (the requests still reach the server). Requests are counted
+    /// over every connection together: for tests that send one request at a time.
     pub fn drop_replies_after(&self, n: u64) {
         let from = self.shared.requests.load(Ordering::SeqCst) + n;
         self.shared.drop_replies_from.store(from, Ordering::SeqCst);
@@ -146,12 +172,18 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
     while !shared.stop.load(Ordering::SeqCst) {
         let client = match listener.accept() {
             Ok((client, _)) => client,
-            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+            // Also on any other error (out of descriptors): never spin.
+            Err(_) => {
                 thread::sleep(Duration::from_millis(2));
                 continue;
             }
-            Err(_) => continue,
         };
+        // Links and threads that ended are forgotten (a long run makes thousands).
+        shared
+            .conns
+            .lock()
+            .retain(|link| link.state.ended.load(Ordering::SeqCst) < 2);
+        shared.threads.lock().retain(|pump| !pump.is_finished());
         let _ = client.set_nonblocking(false);
         if shared.faults.lock().refuse {
             reset_on_close(&client);
@@ -171,21 +203,28 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
         ) else {
             continue;
         };
-        shared.conns.lock().push((c3, s3));
+        let state = Arc::new(LinkState::default());
+        shared.conns.lock().push(Link {
+            client: c3,
+            server: s3,
+            state: Arc::clone(&state),
+        });
         let up = {
-            let shared = Arc::clone(shared);
-            thread::spawn(move || pump(&shared, client, server, true))
+            let (shared, state) = (Arc::clone(shared), Arc::clone(&state));
+            thread::spawn(move || pump(&shared, &state, client, server, true))
         };
         let down = {
             let shared = Arc::clone(shared);
-            thread::spawn(move || pump(&shared, s2, c2, false))
+            thread::spawn(move || pump(&shared, &state, s2, c2, false))
         };
         shared.threads.lock().extend([up, down]);
     }
 }
 
-/// Passes bytes from `from` to `to` as the faults say, until either end closes.
-fn pump(shared: &Shared, mut from: TcpStream, mut to: TcpStream, up: bool) {
+/// Passes bytes from `from` to `to` as the faults say, until either end closes. Latency is
+/// slept per chunk on the reading thread: queued chunks add up, and a heal does not cut
+/// short a sleep already under way.
+fn pump(shared: &Shared, state: &LinkState, mut from: TcpStream, mut to: TcpStream, up: bool) {
     let _ = from.set_read_timeout(Some(Duration::from_millis(20)));
     let mut requests = Requests::default();
     let mut buf = vec![0u8; 64 * 1024];
@@ -219,7 +258,10 @@ fn pump(shared: &Shared, mut from: TcpStream, mut to: TcpStream, up: bool) {
             break;
         }
     }
-    let _ = to.shutdown(Shutdown::Write);
+    if !state.reset.load(Ordering::SeqCst) {
+        let _ = to.shutdown(Shutdown::Write);
+    }
+    state.ended.fetch_add(1, Ordering::SeqCst);
 }
 
 /// A random duration up to `max`.
@@ -245,15 +287,16 @@ fn reset_on_close(stream: &TcpStream) {
     };
     // SAFETY: a valid socket descriptor of a live TcpStream, and a linger struct of the
     // size passed.
-    unsafe {
+    let set = unsafe {
         libc::setsockopt(
             stream.as_raw_fd(),
             libc::SOL_SOCKET,
             libc::SO_LINGER,
             (&linger as *const libc::linger).cast(),
             std::mem::size_of::<libc::linger>() as libc::socklen_t,
-        );
-    }
+        )
+    };
+    assert_eq!(set, 0, "SO_LINGER: a reset would quietly be a close");
 }
 
 /// Counts the requests in a stream of RESP requests (arrays of bulk strings, as redis-rs
@@ -361,8 +404,21 @@ fn the_proxy_passes_delays_blackholes_cuts_and_refuses() {
     proxy.set(|f| f.up.blackhole = true);
     assert!(ping(&mut con).unwrap_err().is_timeout());
     proxy.heal();
-    let mut con = connect();
+    // A reset is a reset, not an orderly close.
+    let mut raw = TcpStream::connect(("127.0.0.1", proxy.port)).unwrap();
+    raw.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    raw.write_all(b"*1\r\n$4\r\nPING\r\n").unwrap();
+    let mut reply = [0u8; 7];
+    raw.read_exact(&mut reply).unwrap();
     proxy.cut(Cut::Reset);
+    let after = raw.read(&mut reply);
+    assert_eq!(
+        after.map_err(|e| e.kind()),
+        Err(ErrorKind::ConnectionReset),
+        "a reset"
+    );
+    let mut con = connect();
+    proxy.cut(Cut::Close);
     assert!(ping(&mut con).is_err());
     proxy.set(|f| f.refuse = true);
     let refused = client

@@ -38,52 +38,96 @@ struct Checker {
     largest: HashMap<String, u64>,
     /// Per key and fence: when its accepted start came.
     open: HashMap<(String, u64), Instant>,
-    /// Accepted sections: key, fence, start, end.
-    sections: Vec<(String, u64, Instant, Instant)>,
-    /// Writes refused for a stale fence.
-    refused: u64,
+    /// Every section whose start was accepted.
+    sections: Vec<Section>,
+    /// Writes refused for a stale fence, at the start and at the end of a section.
+    refused_begin: u64,
+    refused_end: u64,
+}
+
+struct Section {
+    key: String,
+    fence: u64,
+    start: Instant,
+    end: Instant,
+    /// Its end was accepted too.
+    accepted: bool,
+    /// The worker's guard still held the lock after the end (`!is_lost()`): the lease
+    /// covered the whole section, by the lock's own account.
+    held: bool,
 }
 
 impl Checker {
-    /// A write with `fence` to `key`: accepted unless a larger fence was accepted before.
-    fn write(&mut self, key: &str, fence: u64, begin: bool) -> bool {
-        let largest = self.largest.entry(key.to_string()).or_insert(0);
-        if fence < *largest {
-            self.refused += 1;
-            self.open.remove(&(key.to_string(), fence));
-            return false;
+    /// What the worker says of a section it ended: whether its guard still `held` the
+    /// lock after the end was written.
+    fn lease(&mut self, key: &str, fence: u64, held: bool) {
+        let last = self.sections.iter_mut().rev();
+        if let Some(section) = last.into_iter().find(|s| s.key == key && s.fence == fence) {
+            section.held = held;
         }
-        *largest = fence;
-        let now = Instant::now();
-        if begin {
-            self.open.insert((key.to_string(), fence), now);
-        } else if let Some(start) = self.open.remove(&(key.to_string(), fence)) {
-            self.sections.push((key.to_string(), fence, start, now));
-        }
-        true
     }
 
-    /// Accepted sections of one key that overlap in time, and fences that did not rise.
-    fn violations(&self) -> (usize, usize) {
-        let mut by_key: HashMap<&str, Vec<(u64, Instant, Instant)>> = HashMap::new();
-        for (key, fence, start, end) in &self.sections {
-            by_key.entry(key).or_default().push((*fence, *start, *end));
+    /// A write with `fence` to `key` at the `begin` or the end of a section: accepted
+    /// unless a larger fence was accepted before.
+    fn write(&mut self, key: &str, fence: u64, begin: bool) -> bool {
+        let now = Instant::now();
+        let largest = self.largest.entry(key.to_string()).or_insert(0);
+        let accepted = fence >= *largest;
+        if accepted {
+            *largest = fence;
         }
-        let (mut overlaps, mut not_rising) = (0, 0);
-        for sections in by_key.values_mut() {
-            sections.sort_by_key(|(_, start, _)| *start);
-            for pair in sections.windows(2) {
-                let ((f1, _, end1), (f2, start2, _)) = (pair[0], pair[1]);
-                overlaps += usize::from(start2 < end1);
-                not_rising += usize::from(f2 <= f1);
+        let id = (key.to_string(), fence);
+        if begin {
+            match accepted {
+                true => drop(self.open.insert(id, now)),
+                false => self.refused_begin += 1,
             }
+        } else if let Some(start) = self.open.remove(&id) {
+            self.refused_end += u64::from(!accepted);
+            self.sections.push(Section {
+                key: key.to_string(),
+                fence,
+                start,
+                end: now,
+                accepted,
+                held: false, // until the worker says otherwise
+            });
         }
-        (overlaps, not_rising)
+        accepted
+    }
+
+    /// Overlaps in time between sections of one key that the lock said were held
+    /// throughout; between sections the resource accepted; and accepted fences that did
+    /// not rise.
+    fn violations(&self) -> (usize, usize, usize) {
+        let mut by_key: HashMap<&str, Vec<&Section>> = HashMap::new();
+        for section in &self.sections {
+            by_key.entry(&section.key).or_default().push(section);
+        }
+        let (mut lock_overlaps, mut accepted_overlaps, mut not_rising) = (0, 0, 0);
+        for sections in by_key.values_mut() {
+            sections.sort_by_key(|s| s.start);
+            let overlaps = |kept: Vec<&&Section>, rising: &mut usize| {
+                let mut overlapping = 0;
+                for pair in kept.windows(2) {
+                    overlapping += usize::from(pair[1].start < pair[0].end);
+                    *rising += usize::from(pair[1].fence <= pair[0].fence);
+                }
+                overlapping
+            };
+            let mut ignored = 0;
+            lock_overlaps += overlaps(sections.iter().filter(|s| s.held).collect(), &mut ignored);
+            accepted_overlaps += overlaps(
+                sections.iter().filter(|s| s.accepted).collect(),
+                &mut not_rising,
+            );
+        }
+        (lock_overlaps, accepted_overlaps, not_rising)
     }
 }
 
-/// Serves the checker on a loopback port: lines `BEGIN|END <key> <fence>`, answered `OK`
-/// or `REFUSED`.
+/// Serves the checker on a loopback port: lines `BEGIN|END <key> <fence> held|lost`,
+/// answered `OK` or `REFUSED`.
 fn serve(checker: Arc<Mutex<Checker>>) -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -95,11 +139,19 @@ fn serve(checker: Arc<Mutex<Checker>>) -> u16 {
                 for line in BufReader::new(stream).lines() {
                     let Ok(line) = line else { return };
                     let parts: Vec<&str> = line.split(' ').collect();
-                    let [what, key, fence] = parts[..] else {
+                    let [what, key, fence, held] = parts[..] else {
                         return;
                     };
                     let fence: u64 = fence.parse().unwrap_or(0);
-                    let ok = checker.lock().write(key, fence, what == "BEGIN");
+                    let mut checker = checker.lock();
+                    let ok = match what {
+                        "LEASE" => {
+                            checker.lease(key, fence, held == "held");
+                            true
+                        }
+                        _ => checker.write(key, fence, what == "BEGIN"),
+                    };
+                    drop(checker);
                     let answer = if ok { "OK\n" } else { "REFUSED\n" };
                     if out.write_all(answer.as_bytes()).is_err() {
                         return;
@@ -132,11 +184,12 @@ fn randomized_faults_never_let_accepted_sections_overlap() {
                 .env("REDGUARD_TORTURE_CHECKER", checker_port.to_string())
                 .env("REDGUARD_TORTURE_MS", run_for.as_millis().to_string())
                 .stdout(Stdio::piped())
-                .stderr(Stdio::null())
+                .stderr(Stdio::piped())
                 .spawn()
                 .unwrap()
         })
         .collect();
+    let mut children = Children(children);
 
     // The fault driver.
     let mut faults: HashMap<&str, u64> = HashMap::new();
@@ -188,7 +241,7 @@ fn randomized_faults_never_let_accepted_sections_overlap() {
             5 => {
                 // A worker process frozen like a long GC pause, its refresher too: its
                 // leases run out, others take the keys, and it wakes up still "inside".
-                let pid = children[rng.below(PROCESSES as u64) as usize]
+                let pid = children.0[rng.below(PROCESSES as u64) as usize]
                     .id()
                     .to_string();
                 let signal = |name: &str| {
@@ -214,36 +267,76 @@ fn randomized_faults_never_let_accepted_sections_overlap() {
     }
     proxy.heal();
 
-    let mut sections_by_workers = 0u64;
-    for child in children {
+    let mut by_worker = Vec::new();
+    for child in std::mem::take(&mut children.0) {
         let output = child.wait_with_output().unwrap();
         let stdout = String::from_utf8_lossy(&output.stdout);
-        assert!(output.status.success(), "a worker failed:\n{stdout}");
-        sections_by_workers += stdout
-            .lines()
-            .find_map(|line| line.split("sections ").nth(1))
-            .and_then(|n| n.trim().parse::<u64>().ok())
-            .unwrap_or(0);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            output.status.success(),
+            "a worker failed:\n{stdout}\n{stderr}"
+        );
+        by_worker.push(
+            stdout
+                .lines()
+                .find_map(|line| line.split("sections ").nth(1))
+                .and_then(|n| n.trim().parse::<u64>().ok())
+                .unwrap_or(0),
+        );
     }
     let checker = checker.lock();
-    let (overlaps, not_rising) = checker.violations();
+    let (lock_overlaps, overlaps, not_rising) = checker.violations();
+    let accepted = checker.sections.iter().filter(|s| s.accepted).count();
+    let ran_out = checker.sections.iter().filter(|s| !s.held).count();
     let mut kinds: Vec<_> = faults.iter().collect();
     kinds.sort();
+    let injected: u64 = faults.values().sum();
     println!(
         "torture: {secs} s, {PROCESSES} processes x {THREADS} threads on {KEYS} keys; \
-         {} sections accepted ({sections_by_workers} run), {} stale writes refused, \
-         {overlaps} overlaps, {not_rising} fences not rising; faults injected: {}",
+         {} sections begun ({by_worker:?} per worker), {accepted} accepted by the resource; \
+         {ran_out} whose lease ran out inside; stale writes refused: {} at the start, {} at \
+         the end; overlaps: {lock_overlaps} of sections the lock held throughout, \
+         {overlaps} of accepted sections; {not_rising} fences not rising; {injected} faults \
+         injected: {}",
         checker.sections.len(),
-        checker.refused,
+        checker.refused_begin,
+        checker.refused_end,
         kinds
             .iter()
             .map(|(kind, n)| format!("{n} {kind}"))
             .collect::<Vec<_>>()
             .join(", ")
     );
-    assert!(!checker.sections.is_empty(), "some sections ran");
+    assert!(
+        by_worker.iter().all(|n| *n > 0),
+        "every worker got in: {by_worker:?}"
+    );
+    if secs >= 60 {
+        assert_eq!(
+            faults.len(),
+            7,
+            "every kind of fault, at least once: {faults:?}"
+        );
+    }
+    assert_eq!(lock_overlaps, 0, "the lock let two holders in at once");
     assert_eq!(overlaps, 0, "accepted sections of a key overlapped");
     assert_eq!(not_rising, 0, "fences went backwards");
+}
+
+/// The worker processes; on drop (a failed assertion, say), none is left frozen or
+/// running.
+struct Children(Vec<std::process::Child>);
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = std::process::Command::new("kill")
+                .args(["-CONT", &child.id().to_string()])
+                .status();
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }
 
 /// One worker process (run by the test above): threads that lock, write to the checker
@@ -258,17 +351,23 @@ fn worker() {
     let checker: u16 = var("REDGUARD_TORTURE_CHECKER").parse().unwrap();
     let run_for = Duration::from_millis(var("REDGUARD_TORTURE_MS").parse().unwrap());
     let deadline = Instant::now() + run_for;
-    let locker = Locker::builder()
-        .pool_size(THREADS as u32)
-        .connect_timeout(Duration::from_millis(300))
-        .io_timeout(Duration::from_millis(300))
-        .checkout_timeout(Duration::from_millis(600))
-        .build(url.as_str())
-        .or_else(|_| {
-            thread::sleep(Duration::from_secs(1)); // started during a fault
-            Locker::builder().build(url.as_str())
-        })
-        .unwrap();
+    let locker = loop {
+        let built = Locker::builder()
+            .pool_size(THREADS as u32)
+            .connect_timeout(Duration::from_millis(300))
+            .io_timeout(Duration::from_millis(300))
+            .checkout_timeout(Duration::from_millis(600))
+            .build(url.as_str());
+        match built {
+            Ok(locker) => break locker,
+            // Started during a fault: the same settings, a moment later.
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
     let threads: Vec<_> = (0..THREADS)
         .map(|t| {
             let locker = locker.clone();
@@ -276,8 +375,9 @@ fn worker() {
                 let mut rng = Rng::new();
                 let mut con = TcpStream::connect(("127.0.0.1", checker)).unwrap();
                 let mut answers = BufReader::new(con.try_clone().unwrap());
-                let mut write = |what: &str, key: &str, fence: u64| {
-                    con.write_all(format!("{what} {key} {fence}\n").as_bytes())
+                let mut write = |what: &str, key: &str, fence: u64, held: bool| {
+                    let held = if held { "held" } else { "lost" };
+                    con.write_all(format!("{what} {key} {fence} {held}\n").as_bytes())
                         .unwrap();
                     let mut answer = String::new();
                     answers.read_line(&mut answer).unwrap();
@@ -293,14 +393,18 @@ fn worker() {
                         .retry(Retry::linear(Duration::from_millis(5)))
                         .metadata(format!("worker thread {t}"));
                     let Ok(guard) = locker.lock_with(&[key.as_str()], options) else {
-                        continue; // a fault: try again
+                        thread::sleep(Duration::from_millis(20)); // a fault: try again
+                        continue;
                     };
                     let fence = guard.fence().unwrap();
-                    if write("BEGIN", &key, fence) {
+                    if write("BEGIN", &key, fence, true) {
                         // Now and then long enough for a fault to catch it inside.
                         let work = if rng.below(10) == 0 { 300 } else { 5 };
                         thread::sleep(Duration::from_millis(rng.below(work)));
-                        write("END", &key, fence);
+                        write("END", &key, fence, true);
+                        // Whether the lease covered the section, asked once its end was
+                        // written (is_lost never turns back).
+                        write("LEASE", &key, fence, !guard.is_lost());
                         sections += 1;
                     }
                     drop(guard);
