@@ -52,6 +52,9 @@ struct Link {
 
 #[derive(Default)]
 struct LinkState {
+    /// Cut: nothing more is passed on (a shutdown of the reading side still delivers
+    /// what was queued, so the pumps must be told).
+    cut: AtomicBool,
     /// Cut by RST: the pumps close without a FIN.
     reset: AtomicBool,
     /// Pumps that ended (2: the link is gone).
@@ -74,6 +77,8 @@ struct Shared {
     requests: AtomicU64,
     drop_replies_from: AtomicU64,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// Cuts so far: a connection accepted while one was under way is cut too.
+    cuts: AtomicU64,
 }
 
 impl Proxy {
@@ -90,6 +95,7 @@ impl Proxy {
             requests: AtomicU64::new(0),
             drop_replies_from: AtomicU64::new(u64::MAX),
             threads: Mutex::default(),
+            cuts: AtomicU64::new(0),
         });
         let accept = {
             let shared = Arc::clone(&shared);
@@ -123,10 +129,12 @@ impl Proxy {
     /// socket is closed: the pumps are woken by a shutdown of the reading side (which
     /// sends nothing), and close without a FIN.
     pub fn cut(&self, how: Cut) {
+        self.shared.cuts.fetch_add(1, Ordering::SeqCst);
         for link in self.shared.conns.lock().drain(..) {
             if let Cut::Reset = how {
                 link.state.reset.store(true, Ordering::SeqCst);
             }
+            link.state.cut.store(true, Ordering::SeqCst);
             for stream in [&link.client, &link.server] {
                 match how {
                     Cut::Reset => {
@@ -170,6 +178,7 @@ impl Drop for Proxy {
 
 fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
     while !shared.stop.load(Ordering::SeqCst) {
+        let cuts = shared.cuts.load(Ordering::SeqCst);
         let client = match listener.accept() {
             Ok((client, _)) => client,
             // Also on any other error (out of descriptors): never spin.
@@ -204,6 +213,12 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
             continue;
         };
         let state = Arc::new(LinkState::default());
+        if shared.cuts.load(Ordering::SeqCst) != cuts {
+            // A cut came while it was being accepted: it is cut too.
+            let _ = c3.shutdown(Shutdown::Both);
+            let _ = s3.shutdown(Shutdown::Both);
+            state.cut.store(true, Ordering::SeqCst);
+        }
         shared.conns.lock().push(Link {
             client: c3,
             server: s3,
@@ -229,7 +244,7 @@ fn pump(shared: &Shared, state: &LinkState, mut from: TcpStream, mut to: TcpStre
     let mut requests = Requests::default();
     let mut buf = vec![0u8; 64 * 1024];
     loop {
-        if shared.stop.load(Ordering::SeqCst) {
+        if shared.stop.load(Ordering::SeqCst) || state.cut.load(Ordering::SeqCst) {
             break;
         }
         let n = match from.read(&mut buf) {
@@ -254,7 +269,7 @@ fn pump(shared: &Shared, state: &LinkState, mut from: TcpStream, mut to: TcpStre
         if !delay.is_zero() {
             thread::sleep(delay);
         }
-        if to.write_all(&buf[..n]).is_err() {
+        if state.cut.load(Ordering::SeqCst) || to.write_all(&buf[..n]).is_err() {
             break;
         }
     }
