@@ -44,7 +44,7 @@ impl Replicated {
     /// # Errors
     /// As [`Server::start`], and when the sentinels do not agree in time.
     pub fn start(replicas: usize, sentinels: usize) -> io::Result<Replicated> {
-        Replicated::start_inner(replicas, sentinels, None)
+        Replicated::start_inner(replicas, sentinels, None, |port| port)
     }
 
     /// Like [`start`](Self::start), with `password` required by every server and sentinel
@@ -57,13 +57,28 @@ impl Replicated {
         sentinels: usize,
         password: &str,
     ) -> io::Result<Replicated> {
-        Replicated::start_inner(replicas, sentinels, Some(password.to_string()))
+        Replicated::start_inner(replicas, sentinels, Some(password.to_string()), |port| port)
+    }
+
+    /// Like [`start`](Self::start), with the replicas replicating from the port `via`
+    /// gives for the master's: a proxy of the test's own, say, to cut the replication
+    /// link while the sentinels still reach every server directly.
+    ///
+    /// # Errors
+    /// As [`start`](Self::start).
+    pub fn start_via(
+        replicas: usize,
+        sentinels: usize,
+        via: impl FnOnce(u16) -> u16,
+    ) -> io::Result<Replicated> {
+        Replicated::start_inner(replicas, sentinels, None, via)
     }
 
     fn start_inner(
         replicas: usize,
         sentinels: usize,
         password: Option<String>,
+        via: impl FnOnce(u16) -> u16,
     ) -> io::Result<Replicated> {
         // Replicas sync at once (no 5 s wait for more of them), whichever is the master.
         let mut auth: Vec<&str> = vec!["--repl-diskless-sync-delay", "0"];
@@ -72,9 +87,10 @@ impl Replicated {
         }
         let master = Server::start_with(&auth)?;
         let master_port = master.port().to_string();
+        let upstream = via(master.port()).to_string();
         let mut servers = vec![master];
         for _ in 0..replicas {
-            let mut args = vec!["--replicaof", "127.0.0.1", &master_port];
+            let mut args = vec!["--replicaof", "127.0.0.1", &upstream];
             args.extend(&auth);
             servers.push(Server::start_with(&args)?);
         }

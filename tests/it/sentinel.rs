@@ -8,6 +8,7 @@ use redguard::testing::{Replicated, Server};
 use redguard::{Error, LockOptions, Locker, Retry};
 
 use crate::eventually;
+use crate::proxy::Proxy;
 use crate::server::{RedisServer, closed_url};
 
 fn start(replicas: usize, sentinels: usize) -> Replicated {
@@ -396,4 +397,57 @@ fn bad_sentinel_and_replica_settings_are_refused_before_any_round_trip() {
         single.try_lock(&["q"]).unwrap().is_some(),
         "nothing was taken"
     );
+}
+
+#[test]
+fn the_failover_hole_without_replicas_and_how_replicas_closes_it() {
+    // The replica replicates through a proxy, whose replication stream the test can
+    // stop; the sentinels reach every server directly.
+    let mut proxy = None;
+    let group = Replicated::start_via(1, 3, |master| {
+        let through = Proxy::start(master);
+        let port = through.port();
+        proxy = Some(through);
+        port
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    let proxy = proxy.expect("the replication proxy");
+    let locker = sentinel_locker(&group);
+    // The master's writes stop reaching the replica (the link stays open).
+    proxy.set(|f| f.down.blackhole = true);
+    let unreplicated = locker
+        .lock_with(&["hole:k"], LockOptions::default().auto_refresh(false))
+        .unwrap();
+    assert_eq!(stored(&group, &group.servers()[1], "hole:k"), None);
+    // With replicas(1) nothing is held that the replica does not have.
+    let err = locker
+        .lock_with(&["hole:w"], LockOptions::default().replicas(1))
+        .unwrap_err();
+    assert_none_replicated(&err);
+    assert_eq!(stored(&group, &group.servers()[0], "hole:w"), None);
+
+    // The master dies; Sentinel promotes the replica, which never saw the lock.
+    let mut group = group;
+    let old_port = group.servers()[0].port();
+    group.servers_mut()[0].kill();
+    let new = group
+        .wait_for_new_master(old_port, Duration::from_secs(30))
+        .unwrap();
+    assert_eq!(new, 1);
+    let other = sentinel_locker(&group);
+    let started = Instant::now();
+    let second = loop {
+        match other.try_lock(&["hole:k"]) {
+            Ok(Some(second)) => break second,
+            Ok(None) => panic!("the promoted replica had the lock after all"),
+            Err(e) => assert!(started.elapsed() < Duration::from_secs(10), "{e}"),
+        }
+    };
+    // The known hole: two owners, the first not yet told (its next refresh finds out).
+    assert!(!unreplicated.is_lost());
+    assert!(matches!(
+        unreplicated.refresh(Duration::from_secs(30)),
+        Err(Error::LockLost)
+    ));
+    drop(second);
 }
