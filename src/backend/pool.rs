@@ -193,7 +193,8 @@ impl Pool {
         Ok(match self {
             Pool::Own { pool, .. } => {
                 let wait = wait.min(pool.connection_timeout());
-                let next = || Ok(pool.get_timeout(wait)?);
+                let deadline = Instant::now() + wait;
+                let next = || Ok(pool.get_timeout(remaining(deadline))?);
                 Conn::Own(current(pool, pool.get_timeout(wait)?, next)?)
             }
             Pool::Given { pool, io } => {
@@ -206,7 +207,12 @@ impl Pool {
     /// A connection, waiting at most the checkout timeout.
     pub(crate) fn get(&self) -> Result<Conn> {
         Ok(match self {
-            Pool::Own { pool, .. } => Conn::Own(current(pool, pool.get()?, || Ok(pool.get()?))?),
+            Pool::Own { pool, .. } => {
+                // One checkout timeout for the first connection and any after stale ones.
+                let deadline = Instant::now() + pool.connection_timeout();
+                let next = || Ok(pool.get_timeout(remaining(deadline))?);
+                Conn::Own(current(pool, pool.get()?, next)?)
+            }
             Pool::Given { pool, io } => Conn::Given(in_step(pool.get()?, *io)?),
         })
     }
@@ -229,6 +235,14 @@ fn current(
         con = get()?;
     }
     Err(stale())
+}
+
+/// What is left until `deadline` (at least a millisecond: r2d2 then still hands out an
+/// idle connection).
+fn remaining(deadline: Instant) -> Duration {
+    deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1))
 }
 
 fn stale() -> crate::Error {
