@@ -147,10 +147,11 @@ impl Pool {
         loop {
             let mut con = self.get()?;
             match con.run(|con| request(con)) {
-                // READONLY: the master of a moment ago is a replica now (a failover); the
-                // next connection goes to the new one.
+                // READONLY through Sentinel: the master of a moment ago is a replica now
+                // (a failover); the next connection goes to the new one.
                 Err(e)
-                    if (e.is_connection_dropped() || e.code() == Some("READONLY"))
+                    if (e.is_connection_dropped()
+                        || (e.code() == Some("READONLY") && self.follows_sentinel()))
                         && tries < max_size
                         && started.elapsed() < budget =>
                 {
@@ -159,6 +160,12 @@ impl Pool {
                 result => return Ok(result?),
             }
         }
+    }
+
+    /// Whether its connections go to the master Sentinel names (a replica's refusal then
+    /// means a failover, not a wrong address).
+    fn follows_sentinel(&self) -> bool {
+        matches!(self, Pool::Own { connector, .. } if matches!(connector.target, Target::Sentinel(_)))
     }
 
     /// Whether the pool holds any connection at all, idle or in use (none: the server has
@@ -405,8 +412,10 @@ impl Conn {
         let Err(e) = &result else {
             return result;
         };
-        // A replica's refusal: the connection is fine, but goes to the wrong server.
-        let replica = e.code() == Some("READONLY");
+        // Through Sentinel, a replica's refusal: the connection is fine, but goes to the
+        // wrong server (elsewhere it is the server the caller named: an error reply).
+        let replica = e.code() == Some("READONLY")
+            && matches!(self, Conn::Own(tracked) if tracked.master.is_some());
         if e.code().is_none() || replica {
             match self {
                 Conn::Own(tracked) => {

@@ -7,9 +7,9 @@
 //! and I/O timeouts.
 //!
 //! Each connection to the master carries the *generation* of the master it was made to. A
-//! new master starts a new one: heard from a sentinel (`+switch-master`, at once), or found
-//! by a lookup after a connection to the old one failed or answered as a replica
-//! (`READONLY`). The pools then drop connections of older generations instead of using
+//! new master starts a new one: heard from a sentinel (`+switch-master` or
+//! `+promoted-slave`, at once), or found by a lookup after a connection to the old one
+//! failed or answered as a replica (`READONLY`). The pools then drop connections of older generations instead of using
 //! them: after a forced failover the old master stays writable for seconds, and a lock
 //! taken there would be one the new master has never seen.
 
@@ -91,9 +91,9 @@ impl Sentinels {
 
     /// A connection to the master (bounded, with the I/O timeout set), and the generation
     /// it belongs to. Looks the master up first unless its address is trusted, and once
-    /// more when connecting to a trusted address fails.
-    /// A switch heard while connecting makes it try the new master at once (a few times
-    /// at most: r2d2 would wait hundreds of milliseconds before it tried again).
+    /// more when connecting to a trusted address fails. A switch heard while connecting
+    /// makes it try the new master at once (a few times at most: r2d2 would wait hundreds
+    /// of milliseconds before it tried again).
     pub(crate) fn connect(&self) -> RedisResult<(Connection, u64)> {
         let mut last_error = None;
         for _ in 0..3 {
@@ -260,8 +260,8 @@ impl Sentinels {
         }
     }
 
-    /// Starts the thread that listens for `+switch-master` on one sentinel at a time, for
-    /// as long as `sentinels` lives elsewhere. Best effort: without it, failovers are
+    /// Starts the thread that listens for `+switch-master` and `+promoted-slave` on one
+    /// sentinel at a time, for as long as `sentinels` lives elsewhere. Best effort: without it, failovers are
     /// still followed when a connection fails or answers as a replica.
     pub(crate) fn watch(sentinels: &Arc<Sentinels>) {
         let weak = Arc::downgrade(sentinels);
@@ -304,8 +304,6 @@ fn listen(weak: &Weak<Sentinels>, mut con: Connection, backoff: &mut Duration) -
         Some(sentinels) => drop(sentinels.lookup()),
         None => return Ok(()),
     }
-    // Quiet for a slice: a PING, whose answer must come within the next one (a frozen
-    // sentinel, or one cut off, is left for the next).
     loop {
         match pubsub.get_message() {
             Ok(message) => {
@@ -319,6 +317,8 @@ fn listen(weak: &Weak<Sentinels>, mut con: Connection, backoff: &mut Duration) -
                     sentinels.learned(&master, None);
                 }
             }
+            // Quiet for a slice: a PING, whose answer must come within the next one (a
+            // frozen sentinel, or one cut off, is left for the next).
             Err(e) if e.is_timeout() => {
                 if weak.strong_count() == 0 {
                     return Ok(());
