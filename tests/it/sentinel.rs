@@ -451,3 +451,27 @@ fn the_failover_hole_without_replicas_and_how_replicas_closes_it() {
     ));
     drop(second);
 }
+
+#[test]
+fn permits_and_read_locks_wait_for_replicas_too() {
+    let group = start(1, 0);
+    let locker = Locker::builder()
+        .replica_timeout(Duration::from_secs(1))
+        .build(group.url_of(&group.servers()[0]))
+        .unwrap();
+    let replicated = LockOptions::default().replicas(1);
+    let payments = locker.semaphore("r:sem", 2).unwrap();
+    let permit = payments.acquire_with(replicated.clone()).unwrap();
+    let reading = locker.read_with(&["r:read"], replicated.clone()).unwrap();
+    drop((permit, reading));
+    let replica = &group.servers()[1];
+    replica.pause().unwrap();
+    let permit = payments.acquire_with(replicated.clone());
+    let reading = locker.read_with(&["r:read"], replicated);
+    replica.resume().unwrap();
+    assert_none_replicated(&permit.unwrap_err());
+    assert_none_replicated(&reading.unwrap_err());
+    // Given up again: nothing left behind.
+    assert_eq!(payments.available().unwrap(), 2);
+    assert!(locker.holders("r:read").unwrap().is_empty());
+}
