@@ -168,7 +168,9 @@ impl LockOptions {
     /// above 100. It narrows, but does not close, the failover hole: see [scaling
     /// out](crate::guide::scaling_out). It costs one round trip more per acquire (the
     /// replicas' acknowledgement), and the same per refresh round (on a cluster, per hash
-    /// slot the round refreshes).
+    /// slot the round refreshes). On a cluster whose slot is being moved (an `ASK`
+    /// redirection), the wait may be asked of the slot's old master, which does not have
+    /// the write: no guarantee while resharding.
     ///
     /// Defaults to 0: no wait for replicas.
     ///

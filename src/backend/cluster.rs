@@ -127,7 +127,9 @@ impl ClusterPool {
                     fresh: part_fresh,
                 }) => {
                     fences.extend(keys.iter().zip(part_fences));
-                    if part_fresh {
+                    // A random token's part is this attempt's even when not fresh (the
+                    // client sent the script again after a timeout): taken back too.
+                    if part_fresh || !attempt.fixed_token {
                         taken.push(keys);
                     }
                     fresh &= part_fresh;
@@ -168,13 +170,15 @@ impl ClusterPool {
     /// there, on the same connection.
     fn acquire_slot(&self, attempt: &Attempt<'_>, set_first: bool) -> Result<Acquired> {
         let slot = slot(&attempt.keys[0]); // never empty: checked before any attempt
+        let mut sent = false;
         let acquired = moving(self.run(|con| {
+            sent = true;
             let acquired = scripts::acquire(con, attempt, set_first)?;
             replicas::confirm(con, attempt, acquired, |con, wanted| {
                 wait_on_slot(con, slot, wanted)
             })
         }));
-        replicas::unconfirmed(attempt, &acquired, || {
+        replicas::unconfirmed(attempt, sent, &acquired, || {
             let (kind, keys, value) = (attempt.kind, attempt.keys, attempt.value);
             self.run(|con| scripts::release(con, kind, keys, value, attempt.channels))
         });

@@ -170,11 +170,13 @@ impl Backend {
         match self {
             // Safe to repeat: taking keys that already hold our value again is a no-op.
             Backend::Single(pool) => {
+                let mut sent = false;
                 let acquired = pool.run(|con| {
+                    sent = true;
                     let acquired = scripts::acquire(con, attempt, set_first)?;
                     replicas::confirm(con, attempt, acquired, replicas::wait)
                 });
-                replicas::unconfirmed(attempt, &acquired, || {
+                replicas::unconfirmed(attempt, sent, &acquired, || {
                     let (kind, keys, value) = (attempt.kind, attempt.keys, attempt.value);
                     pool.run(|con| scripts::release(con, kind, keys, value, attempt.channels))
                 });

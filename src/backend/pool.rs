@@ -151,7 +151,7 @@ impl Pool {
                 // (a failover); the next connection goes to the new one.
                 Err(e)
                     if (e.is_connection_dropped()
-                        || (e.code() == Some("READONLY") && self.follows_sentinel()))
+                        || (is_readonly(&e) && self.follows_sentinel()))
                         && tries < max_size
                         && started.elapsed() < budget =>
                 {
@@ -242,6 +242,12 @@ fn current(
         con = get()?;
     }
     Err(stale())
+}
+
+/// Whether `e` is a replica's refusal to write: `READONLY`, or before Redis 7 a script's
+/// error that carries it.
+fn is_readonly(e: &RedisError) -> bool {
+    e.code() == Some("READONLY") || (e.code() == Some("ERR") && e.to_string().contains("READONLY"))
 }
 
 /// What is left until `deadline` (at least a millisecond: r2d2 then still hands out an
@@ -414,8 +420,8 @@ impl Conn {
         };
         // Through Sentinel, a replica's refusal: the connection is fine, but goes to the
         // wrong server (elsewhere it is the server the caller named: an error reply).
-        let replica = e.code() == Some("READONLY")
-            && matches!(self, Conn::Own(tracked) if tracked.master.is_some());
+        let replica =
+            is_readonly(e) && matches!(self, Conn::Own(tracked) if tracked.master.is_some());
         if e.code().is_none() || replica {
             match self {
                 Conn::Own(tracked) => {

@@ -76,16 +76,18 @@ pub(crate) fn confirm<C: ConnectionLike>(
 
 /// After an acquire that wanted replicas and ended in an error (a WAIT that failed, a reply
 /// lost): the keys may be taken with nobody to hold them, so they are given up again
-/// (`release`, on another connection; best effort, by value, so never another owner's).
+/// (`release`, on another connection; best effort, by value, so never another owner's),
+/// if it was `sent` at all.
 /// A fixed token's keys are left alone: the same owner may have held them before.
 pub(crate) fn unconfirmed<T>(
     attempt: &Attempt<'_>,
+    sent: bool,
     acquired: &crate::Result<Acquired>,
     release: impl FnOnce() -> crate::Result<T>,
 ) {
-    // Not after a pool that had no connection: the release would wait as long again.
-    let redis_failed = matches!(acquired, Err(crate::Error::Redis(_)));
-    if redis_failed && attempt.replicas.is_some() && !attempt.fixed_token {
+    // Only when the acquire was sent: after a pool that had no connection (or only stale
+    // ones) nothing was, and the release would wait as long again.
+    if sent && acquired.is_err() && attempt.replicas.is_some() && !attempt.fixed_token {
         let _ = release();
     }
 }

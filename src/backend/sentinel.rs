@@ -4,7 +4,8 @@
 //! Our own lookup, not redis-rs's `sentinel` module: its blocking calls connect to the
 //! sentinels and the master, and read from them, without a timeout, and one frozen
 //! sentinel must not hang a lock call. Every wait here is bounded by the locker's connect
-//! and I/O timeouts.
+//! and I/O timeouts (the watcher's by a one-second slice, then a PING). A lookup asks
+//! every sentinel at once and believes the newest configuration.
 //!
 //! Each connection to the master carries the *generation* of the master it was made to. A
 //! new master starts a new one: heard from a sentinel (`+switch-master` or
@@ -61,8 +62,13 @@ struct Known {
     generation: u64,
     /// The sentinels' configuration epoch of `master`, as far as we know it.
     epoch: u64,
-    /// The sentinel that answered last: asked first.
-    first: usize,
+}
+
+/// What one sentinel says of the master.
+struct Answer {
+    master: (String, u16),
+    /// The epoch of the configuration it names the master by.
+    epoch: u64,
 }
 
 impl Sentinels {
@@ -140,8 +146,9 @@ impl Sentinels {
         con.set_write_timeout(Some(self.bounds.io))?;
         match redis::cmd("ROLE").query::<redis::Value>(&mut con) {
             Ok(role) if is_master(&role) => {}
-            // A user whose ACL forbids ROLE: a replica answers its first write READONLY.
-            Err(e) if e.code() == Some("NOPERM") => {}
+            // A user whose ACL forbids ROLE, or a server before 2.8.12 that has none: a
+            // replica answers its first write READONLY.
+            Err(e) if matches!(e.code(), Some("NOPERM" | "ERR")) => {}
             Ok(_) => {
                 self.replica_seen(generation);
                 return Err(not_master(&self.name));
@@ -154,48 +161,71 @@ impl Sentinels {
         Ok(con)
     }
 
-    /// Asks the sentinels, the last one that answered first, for the master's address
-    /// (and the epoch of that configuration); learns it. The master to use, and its
-    /// generation: a sentinel that has not heard of a failover we know of is not believed.
+    /// Asks every sentinel at once (each bounded by the connect and I/O timeouts) for the
+    /// master's address and the epoch of that configuration, and learns the newest answer:
+    /// one sentinel that lags, or is cut off from the servers, must not keep the locker on
+    /// the old master. The master to use, and its generation.
     fn lookup(&self) -> RedisResult<((String, u16), u64)> {
-        let first = self.known.lock().first;
-        let count = self.sentinels.len();
-        let (mut unknown, mut failure) = (None, None);
-        for i in (0..count).map(|n| (first + n) % count) {
-            match self.ask(&self.sentinels[i]) {
-                Ok(Some((master, epoch))) => {
-                    self.known.lock().first = i;
-                    return Ok(self.learned(&master, Some(epoch)));
+        let answers: Vec<RedisResult<Option<Answer>>> = thread::scope(|scope| {
+            let asks: Vec<_> = self
+                .sentinels
+                .iter()
+                .map(|sentinel| scope.spawn(move || self.ask(sentinel)))
+                .collect();
+            asks.into_iter()
+                .map(|ask| ask.join().unwrap_or_else(|_| Err(not_known(&self.name))))
+                .collect()
+        });
+        let (mut unknown, mut failure, mut newest) = (None, None, None::<Answer>);
+        for answer in answers {
+            match answer {
+                Ok(Some(answer)) => {
+                    if newest
+                        .as_ref()
+                        .is_none_or(|newest| answer.epoch > newest.epoch)
+                    {
+                        newest = Some(answer);
+                    }
                 }
-                // Said before an I/O error of another: it is the one to act on.
+                // Said by one that answered, over another's I/O error: the one to act on.
                 Ok(None) => unknown = Some(not_known(&self.name)),
                 Err(e) => failure = Some(e),
             }
         }
-        Err(unknown.or(failure).unwrap_or_else(|| not_known(&self.name)))
+        match newest {
+            Some(answer) => Ok(self.learned(&answer.master, Some(answer.epoch))),
+            None => Err(unknown.or(failure).unwrap_or_else(|| not_known(&self.name))),
+        }
     }
 
     /// One sentinel's answer: the master's address and its configuration's epoch, `None`
-    /// when it does not know the name.
-    fn ask(&self, sentinel: &Client) -> RedisResult<Option<((String, u16), u64)>> {
+    /// when it does not know the name. The epoch is read first: should the sentinel switch
+    /// in between, the new address comes with the old epoch (which errs on the safe side),
+    /// never the old address with the new one.
+    fn ask(&self, sentinel: &Client) -> RedisResult<Option<Answer>> {
         let mut con = self.sentinel_connection(sentinel)?;
-        let master: Option<(String, u16)> = redis::cmd("SENTINEL")
-            .arg("GET-MASTER-ADDR-BY-NAME")
-            .arg(&self.name)
-            .query(&mut con)?;
-        let Some(master) = master else {
-            return Ok(None);
-        };
-        let fields: Vec<String> = redis::cmd("SENTINEL")
+        let fields: Vec<String> = match redis::cmd("SENTINEL")
             .arg("MASTER")
             .arg(&self.name)
-            .query(&mut con)?;
+            .query(&mut con)
+        {
+            Ok(fields) => fields,
+            // "No such master with that name".
+            Err(e) if e.code() == Some("ERR") => return Ok(None),
+            Err(e) => return Err(e),
+        };
         let epoch = fields
             .iter()
             .position(|field| field == "config-epoch")
             .and_then(|at| fields.get(at + 1)?.parse().ok())
             .unwrap_or(0);
-        Ok(Some((master, epoch)))
+        // Not SENTINEL MASTER's own ip and port: from the reconfiguration of the replicas
+        // on, this names the promoted replica already, and they still the old master.
+        let master: Option<(String, u16)> = redis::cmd("SENTINEL")
+            .arg("GET-MASTER-ADDR-BY-NAME")
+            .arg(&self.name)
+            .query(&mut con)?;
+        Ok(master.map(|master| Answer { master, epoch }))
     }
 
     fn sentinel_connection(&self, sentinel: &Client) -> RedisResult<Connection> {
@@ -206,13 +236,16 @@ impl Sentinels {
     }
 
     /// A sentinel named `master`: from a lookup, with its configuration's `epoch`; from an
-    /// announcement of a switch, without. A new generation if it moved. Never backwards: a
-    /// lookup's answer older than what we know (a sentinel that has not heard of the
-    /// failover yet) is ignored, and an announced switch counts as at least one epoch newer
-    /// than the configuration it replaces. The master to use now, and its generation.
+    /// announcement of a switch, without. A new generation if it moved. Not backwards
+    /// while the master we have works: a lookup's answer older than what we know (the
+    /// sentinels have not all heard of the failover yet) is ignored then, and an announced
+    /// switch counts as at least one epoch newer than the configuration it replaces. Once
+    /// the master we have failed or answered as a replica, the newest answer is believed,
+    /// whatever its epoch (sentinels set up afresh start counting again). The master to
+    /// use now, and its generation.
     fn learned(&self, master: &(String, u16), epoch: Option<u64>) -> ((String, u16), u64) {
         let mut known = self.known.lock();
-        let stale = epoch.is_some_and(|epoch| epoch < known.epoch);
+        let stale = known.trusted && epoch.is_some_and(|epoch| epoch < known.epoch);
         if let (true, Some(current)) = (stale, &known.master) {
             let current = current.clone();
             return (current, known.generation);
@@ -234,10 +267,30 @@ impl Sentinels {
             known.master = Some(master.clone());
             known.generation += 1;
         } else if let Some(epoch) = epoch {
-            known.epoch = known.epoch.max(epoch);
+            known.epoch = match known.trusted {
+                true => known.epoch.max(epoch),
+                false => epoch,
+            };
         }
         known.trusted = true;
         (master.clone(), known.generation)
+    }
+
+    /// A sentinel announced that `new` replaced `old`. Followed at once when `old` is the
+    /// master we have (or none yet); otherwise it is news of another switch than ours (a
+    /// late one, or one we missed): the sentinels are asked instead.
+    fn announced(&self, old: &(String, u16), new: &(String, u16)) {
+        let ours = {
+            let known = self.known.lock();
+            known
+                .master
+                .as_ref()
+                .is_none_or(|master| master == old || master == new)
+        };
+        match ours {
+            true => drop(self.learned(new, None)),
+            false => drop(self.lookup()),
+        }
     }
 
     /// A connection of `generation` to the master failed: look it up again before the
@@ -311,10 +364,10 @@ fn listen(weak: &Weak<Sentinels>, mut con: Connection, backoff: &mut Duration) -
                     return Ok(());
                 };
                 let payload: String = message.get_payload()?;
-                if let Some(master) =
+                if let Some((old, new)) =
                     new_master(message.get_channel_name(), &payload, &sentinels.name)
                 {
-                    sentinels.learned(&master, None);
+                    sentinels.announced(&old, &new);
                 }
             }
             // Quiet for a slice: a PING, whose answer must come within the next one (a
@@ -330,17 +383,23 @@ fn listen(weak: &Weak<Sentinels>, mut con: Connection, backoff: &mut Duration) -
     }
 }
 
-/// The new master of `name` that an announcement on `channel` tells of, if it does.
-fn new_master(channel: &str, payload: &str, name: &str) -> Option<(String, u16)> {
+/// The master of `name` an announcement on `channel` says was replaced, and its new one,
+/// if it does.
+type Switch = ((String, u16), (String, u16));
+
+fn new_master(channel: &str, payload: &str, name: &str) -> Option<Switch> {
     let fields: Vec<&str> = payload.split(' ').collect();
-    let (master_name, host, port) = match (channel, &fields[..]) {
-        (SWITCH_MASTER, [master_name, _, _, host, port]) => (*master_name, *host, *port),
-        (PROMOTED, ["slave", _, host, port, "@", master_name, _, _]) => {
-            (*master_name, *host, *port)
+    let (master_name, old, new) = match (channel, &fields[..]) {
+        (SWITCH_MASTER, [master_name, old_host, old_port, host, port]) => {
+            (*master_name, (*old_host, *old_port), (*host, *port))
+        }
+        (PROMOTED, ["slave", _, host, port, "@", master_name, old_host, old_port]) => {
+            (*master_name, (*old_host, *old_port), (*host, *port))
         }
         _ => return None,
     };
-    (master_name == name).then_some((host.to_string(), port.parse().ok()?))
+    let address = |(host, port): (&str, &str)| Some((host.to_string(), port.parse().ok()?));
+    (master_name == name).then_some((address(old)?, address(new)?))
 }
 
 /// Whether a ROLE reply is a master's.
@@ -384,7 +443,8 @@ mod tests {
 
     #[test]
     fn announcements_of_a_new_master_are_read_for_our_name_only() {
-        let ours = Some(("10.0.0.2".to_string(), 6380));
+        let old = ("10.0.0.1".to_string(), 6379);
+        let ours = Some((old, ("10.0.0.2".to_string(), 6380)));
         let switch = "redguard 10.0.0.1 6379 10.0.0.2 6380";
         assert_eq!(new_master(SWITCH_MASTER, switch, "redguard"), ours);
         assert_eq!(new_master(SWITCH_MASTER, switch, "other"), None);
@@ -399,7 +459,7 @@ mod tests {
     }
 
     #[test]
-    fn the_master_never_moves_back_and_stale_connections_change_nothing() {
+    fn the_master_never_moves_back_while_it_works_and_stale_connections_change_nothing() {
         let bounds = Bounds {
             connect: Duration::from_secs(1),
             io: Duration::from_secs(1),
@@ -415,7 +475,8 @@ mod tests {
             "the same master"
         );
         // Announced: at least one epoch newer than what it replaced.
-        assert_eq!(sentinels.learned(&b, None), (b.clone(), 2));
+        sentinels.announced(&a, &b);
+        assert_eq!(sentinels.generation(), 2);
         // A sentinel that has not heard of it yet is not believed.
         assert_eq!(sentinels.learned(&a, Some(0)), (b.clone(), 2));
         assert_eq!(sentinels.learned(&b, Some(1)), (b.clone(), 2));
@@ -426,8 +487,36 @@ mod tests {
         sentinels.failed(2);
         assert_eq!(sentinels.generation(), 3);
         assert!(sentinels.known.lock().trusted);
+        // Once the master answered as a replica, the sentinels are believed, whatever the
+        // epoch (set up afresh, they count from 0 again).
         sentinels.replica_seen(3);
         assert_eq!(sentinels.generation(), 4);
         assert!(!sentinels.known.lock().trusted);
+        assert_eq!(sentinels.learned(&b, Some(0)), (b.clone(), 5));
+        assert_eq!(sentinels.known.lock().epoch, 0);
+    }
+
+    #[test]
+    fn an_announcement_of_another_switch_than_ours_is_not_followed() {
+        let bounds = Bounds {
+            connect: Duration::from_millis(100),
+            io: Duration::from_millis(100),
+            checkout: Duration::from_millis(100),
+        };
+        // No sentinel listens: the lookup the stray announcement triggers fails.
+        let client = Client::open("redis://127.0.0.1:1/").unwrap();
+        let sentinels = Sentinels::new("m", vec![client], Box::new(Client::open), false, bounds);
+        let (a, b, c) = (
+            ("a".to_string(), 1),
+            ("b".to_string(), 2),
+            ("c".to_string(), 3),
+        );
+        sentinels.learned(&c, Some(3));
+        sentinels.announced(&a, &b); // late news of an older switch
+        assert_eq!(sentinels.known.lock().master, Some(c.clone()));
+        assert_eq!(sentinels.generation(), 1);
+        sentinels.announced(&c, &a);
+        assert_eq!(sentinels.known.lock().master, Some(a));
+        assert_eq!(sentinels.generation(), 2);
     }
 }
