@@ -458,15 +458,21 @@ mod tests {
         );
     }
 
-    #[test]
-    fn the_master_never_moves_back_while_it_works_and_stale_connections_change_nothing() {
+    /// Sentinels on a port where nothing listens: every lookup fails at once.
+    fn nowhere() -> Sentinels {
+        let timeout = Duration::from_millis(100);
         let bounds = Bounds {
-            connect: Duration::from_secs(1),
-            io: Duration::from_secs(1),
-            checkout: Duration::from_secs(1),
+            connect: timeout,
+            io: timeout,
+            checkout: timeout,
         };
         let client = Client::open("redis://127.0.0.1:1/").unwrap();
-        let sentinels = Sentinels::new("m", vec![client], Box::new(Client::open), false, bounds);
+        Sentinels::new("m", vec![client], Box::new(Client::open), false, bounds)
+    }
+
+    #[test]
+    fn the_master_never_moves_back_while_it_works_and_stale_connections_change_nothing() {
+        let sentinels = nowhere();
         let (a, b) = (("a".to_string(), 1), ("b".to_string(), 2));
         assert_eq!(sentinels.learned(&a, Some(0)), (a.clone(), 1));
         assert_eq!(
@@ -498,14 +504,8 @@ mod tests {
 
     #[test]
     fn an_announcement_of_another_switch_than_ours_is_not_followed() {
-        let bounds = Bounds {
-            connect: Duration::from_millis(100),
-            io: Duration::from_millis(100),
-            checkout: Duration::from_millis(100),
-        };
         // No sentinel listens: the lookup the stray announcement triggers fails.
-        let client = Client::open("redis://127.0.0.1:1/").unwrap();
-        let sentinels = Sentinels::new("m", vec![client], Box::new(Client::open), false, bounds);
+        let sentinels = nowhere();
         let (a, b, c) = (
             ("a".to_string(), 1),
             ("b".to_string(), 2),
