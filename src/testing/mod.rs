@@ -132,6 +132,44 @@ impl Server {
         })
     }
 
+    /// Like [`start_tls`](Self::start_tls), with more `redis-server` arguments (as
+    /// `["--replicaof", "127.0.0.1", "7000", "--tls-replication", "yes"]`).
+    ///
+    /// # Errors
+    /// As [`start`](Self::start).
+    #[cfg(feature = "tls")]
+    pub fn start_tls_with(
+        certs: &std::path::Path,
+        ca: Vec<u8>,
+        args: &[&str],
+    ) -> io::Result<Server> {
+        Server::start_on_free_port(Launch {
+            tls: Some((certs.to_path_buf(), ca)),
+            password: password_in(args),
+            args: args.iter().map(|arg| arg.to_string()).collect(),
+            ..Launch::default()
+        })
+    }
+
+    /// Like [`start_sentinel`](Self::start_sentinel), speaking TLS only, and to the
+    /// servers it watches too (`tls-replication yes`), with the certificates of
+    /// [`start_tls`](Self::start_tls).
+    ///
+    /// # Errors
+    /// As [`start`](Self::start).
+    #[cfg(feature = "tls")]
+    pub fn start_sentinel_tls(
+        config: &str,
+        certs: &std::path::Path,
+        ca: Vec<u8>,
+    ) -> io::Result<Server> {
+        Server::start_on_free_port(Launch {
+            sentinel: Some(config.to_string()),
+            tls: Some((certs.to_path_buf(), ca)),
+            ..Launch::default()
+        })
+    }
+
     fn start_on_free_port(mut launch: Launch) -> io::Result<Server> {
         launch.dir = Some(private_dir()?);
         // A free port can be taken between our probe and the server's bind: try a few.
@@ -365,7 +403,17 @@ fn spawn(port: u16, launch: &Launch) -> io::Result<Child> {
     if let (Some(config), Some(dir)) = (&launch.sentinel, &launch.dir) {
         // A sentinel rewrites its configuration file: each start writes it afresh.
         let file = dir.join("sentinel.conf");
-        std::fs::write(&file, format!("port {port}\nbind 127.0.0.1\n{config}\n"))?;
+        let listen = match &launch.tls {
+            None => format!("port {port}\n"),
+            Some((certs, _)) => format!(
+                "port 0\ntls-port {port}\ntls-auth-clients no\ntls-replication yes\n\
+                 tls-cert-file {}\ntls-key-file {}\ntls-ca-cert-file {}\n",
+                certs.join("server.crt").display(),
+                certs.join("server.key").display(),
+                certs.join("ca.crt").display()
+            ),
+        };
+        std::fs::write(&file, format!("{listen}bind 127.0.0.1\n{config}\n"))?;
         command.arg(file).arg("--sentinel");
         return run(command, &binary);
     }

@@ -35,6 +35,8 @@ pub struct Replicated {
     servers: Vec<Server>,
     sentinels: Vec<Server>,
     password: Option<String>,
+    /// Every server and sentinel speaks TLS only, with these certificates.
+    tls: Option<(std::path::PathBuf, Vec<u8>)>,
 }
 
 impl Replicated {
@@ -44,7 +46,7 @@ impl Replicated {
     /// # Errors
     /// As [`Server::start`], and when the sentinels do not agree in time.
     pub fn start(replicas: usize, sentinels: usize) -> io::Result<Replicated> {
-        Replicated::start_inner(replicas, sentinels, None, |port| port)
+        Replicated::start_inner(replicas, sentinels, None, |port| port, None)
     }
 
     /// Like [`start`](Self::start), with `password` required by every server and sentinel
@@ -57,7 +59,30 @@ impl Replicated {
         sentinels: usize,
         password: &str,
     ) -> io::Result<Replicated> {
-        Replicated::start_inner(replicas, sentinels, Some(password.to_string()), |port| port)
+        Replicated::start_inner(
+            replicas,
+            sentinels,
+            Some(password.to_string()),
+            |port| port,
+            None,
+        )
+    }
+
+    /// Like [`start`](Self::start), every server and sentinel speaking TLS only (also to
+    /// each other), with the certificates of [`Server::start_tls`]: the sentinels' URLs
+    /// are `rediss://`.
+    ///
+    /// # Errors
+    /// As [`start`](Self::start).
+    #[cfg(feature = "tls")]
+    pub fn start_tls(
+        replicas: usize,
+        sentinels: usize,
+        certs: &std::path::Path,
+        ca: Vec<u8>,
+    ) -> io::Result<Replicated> {
+        let tls = Some((certs.to_path_buf(), ca));
+        Replicated::start_inner(replicas, sentinels, None, |port| port, tls)
     }
 
     /// Like [`start`](Self::start), with the replicas replicating from the port `via`
@@ -71,7 +96,7 @@ impl Replicated {
         sentinels: usize,
         via: impl FnOnce(u16) -> u16,
     ) -> io::Result<Replicated> {
-        Replicated::start_inner(replicas, sentinels, None, via)
+        Replicated::start_inner(replicas, sentinels, None, via, None)
     }
 
     fn start_inner(
@@ -79,25 +104,35 @@ impl Replicated {
         sentinels: usize,
         password: Option<String>,
         via: impl FnOnce(u16) -> u16,
+        tls: Option<(std::path::PathBuf, Vec<u8>)>,
     ) -> io::Result<Replicated> {
         // Replicas sync at once (no 5 s wait for more of them), whichever is the master.
         let mut auth: Vec<&str> = vec!["--repl-diskless-sync-delay", "0"];
         if let Some(password) = &password {
             auth.extend(["--requirepass", password, "--masterauth", password]);
         }
-        let master = Server::start_with(&auth)?;
+        if tls.is_some() {
+            auth.extend(["--tls-replication", "yes"]);
+        }
+        let data_server = |args: &[&str]| match &tls {
+            #[cfg(feature = "tls")]
+            Some((certs, ca)) => Server::start_tls_with(certs, ca.clone(), args),
+            _ => Server::start_with(args),
+        };
+        let master = data_server(&auth)?;
         let master_port = master.port().to_string();
         let upstream = via(master.port()).to_string();
         let mut servers = vec![master];
         for _ in 0..replicas {
             let mut args = vec!["--replicaof", "127.0.0.1", &upstream];
             args.extend(&auth);
-            servers.push(Server::start_with(&args)?);
+            servers.push(data_server(&args)?);
         }
         let mut group = Replicated {
             servers,
             sentinels: Vec::new(),
             password,
+            tls: tls.clone(),
         };
         group.wait_until_synced()?;
         let quorum = sentinels / 2 + 1;
@@ -110,8 +145,13 @@ impl Replicated {
             config +=
                 &format!("sentinel auth-pass {MASTER_NAME} {password}\nrequirepass {password}\n");
         }
+        let sentinel = |config: &str| match &tls {
+            #[cfg(feature = "tls")]
+            Some((certs, ca)) => Server::start_sentinel_tls(config, certs, ca.clone()),
+            _ => Server::start_sentinel(config),
+        };
         group.sentinels = (0..sentinels)
-            .map(|_| Server::start_sentinel(&config))
+            .map(|_| sentinel(&config))
             .collect::<io::Result<Vec<_>>>()?;
         group.wait_until_agreed(replicas)?;
         Ok(group)
@@ -340,7 +380,11 @@ impl Replicated {
         server: &Server,
         f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T>,
     ) -> io::Result<T> {
-        let client = redis::Client::open(self.url_of(server)).map_err(io::Error::other)?;
+        let client = match self.tls {
+            Some(_) => server.client(), // trusting its CA
+            None => redis::Client::open(self.url_of(server)),
+        }
+        .map_err(io::Error::other)?;
         let mut con = client
             .get_connection_with_timeout(Duration::from_secs(1))
             .map_err(io::Error::other)?;

@@ -232,3 +232,34 @@ fn crypto_provider_child() {
         "the application's provider was replaced"
     );
 }
+
+#[test]
+fn sentinel_over_tls_finds_the_master_and_follows_a_failover() {
+    let certs = Certificates::make();
+    let group = redguard::testing::Replicated::start_tls(1, 3, certs.dir(), certs.ca.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let urls = group.sentinel_urls();
+    assert!(
+        urls.iter().all(|url| url.starts_with("rediss://")),
+        "{urls:?}"
+    );
+    let locker = Locker::builder()
+        .tls_root_cert(certs.ca.clone())
+        .build_sentinel(&urls, group.master_name())
+        .unwrap();
+    let guard = locker
+        .lock_with(&["tls:k"], LockOptions::default().replicas(1))
+        .unwrap();
+    let new = group.failover().unwrap();
+    let stored: Option<String> = group.servers()[new]
+        .client()
+        .unwrap()
+        .get_connection_with_timeout(Duration::from_secs(1))
+        .and_then(|mut con| redis::cmd("GET").arg("tls:k").query(&mut con))
+        .unwrap();
+    assert_eq!(stored.as_deref(), Some(guard.token()), "on the new master");
+    eventually(Duration::from_secs(3), "locks on the new master", || {
+        locker.try_lock(&["tls:other"]).is_ok_and(|g| g.is_some())
+    });
+    assert!(locker.try_lock(&["tls:k"]).unwrap().is_none());
+}
