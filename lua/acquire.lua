@@ -126,7 +126,6 @@ if not fresh then
   if taken or #shared > 0 then
     -- Held: by readers, who see our intent from now on (if we wait), or by another owner.
     if intent and #shared > 0 then
-      local ttl = tonumber(ARGV[3])
       local expiry = string.format('%.0f', now + ttl)
       for _, key in ipairs(shared) do
         redis.call('zadd', key, '-' .. expiry, intent)

@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use crate::backend::{KeyHolders, fence_key, slot};
+use crate::backend::{Holds, KeyHolders, fence_key, slot};
 use crate::hold::metadata_of;
 use crate::options::checked_keys;
 use crate::{Error, Locker, Result};
@@ -18,18 +18,18 @@ pub struct Holder {
 }
 
 impl Holder {
-    pub(crate) fn new(
-        metadata: String,
-        ttl: Option<Duration>,
-        shared: bool,
-        fence: Option<u64>,
-    ) -> Holder {
-        Holder {
-            metadata,
-            ttl,
-            shared,
-            fence,
-        }
+    /// The holders a holders script listed (their values and TTLs): each one's metadata,
+    /// never its token.
+    pub(crate) fn listed(holds: Holds, shared: bool, fence: Option<u64>) -> Vec<Holder> {
+        holds
+            .into_iter()
+            .map(|(value, ttl)| Holder {
+                metadata: metadata_of(&value).to_owned(),
+                ttl,
+                shared,
+                fence,
+            })
+            .collect()
     }
 
     /// The metadata its owner gave in [`LockOptions::metadata`](crate::LockOptions::metadata)
@@ -95,14 +95,9 @@ impl Locker {
                 fence,
                 holds,
                 ..
-            } => Ok(holds
-                .into_iter()
-                .map(|(value, ttl)| {
-                    // A waiting lock's intent on a read lock is no holder (only readers are
-                    // listed: the script gives live scores above now).
-                    Holder::new(metadata_of(&value).to_owned(), ttl, held_by.shared(), fence)
-                })
-                .collect()),
+            // A waiting lock's intent on a read lock is no holder (only readers are listed:
+            // the script gives live scores above now).
+            } => Ok(Holder::listed(holds, held_by.shared(), fence)),
         }
     }
 }

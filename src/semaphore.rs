@@ -2,7 +2,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::backend::{HeldBy, Holds, KeyHolders};
-use crate::hold::{Kind, Request, metadata_of, obtain};
+use crate::hold::{Kind, Request, obtain};
 use crate::locker::Shared;
 use crate::options::at_most_once;
 use crate::{Error, Holder, LockOptions, Permit, Result};
@@ -202,10 +202,7 @@ impl Semaphore {
     /// As [`available`](Self::available).
     pub fn holders(&self) -> Result<Vec<Holder>> {
         let (_, holds) = self.holders_of(false)?;
-        Ok(holds
-            .into_iter()
-            .map(|(value, ttl)| Holder::new(metadata_of(&value).to_owned(), ttl, true, None))
-            .collect())
+        Ok(Holder::listed(holds, true, None))
     }
 
     /// How many hold a permit, and (unless `count_only`) who: what `Locker::holders`

@@ -23,7 +23,7 @@ use super::replicas::{self, Replicas};
 use super::scripts::{self, Attempt, Refresh};
 use super::slot::{by_slot, slot};
 use crate::hold::Kind;
-use crate::{Error, LockOptions, Result};
+use crate::{Error, Result};
 
 /// A pool of cluster connections (each one a connection to every master).
 pub(crate) struct ClusterPool {
@@ -112,7 +112,7 @@ impl ClusterPool {
     pub(crate) fn acquire(&self, attempt: &Attempt<'_>, set_first: bool) -> Result<Acquired> {
         let groups = by_slot(attempt.keys);
         if groups.len() == 1 {
-            return self.acquire_slot(attempt, set_first);
+            return self.acquire_slot(attempt, set_first, true);
         }
         // Ascending slot order: two owners after overlapping keys meet at their lowest
         // shared slot first, so at most one of them gets past it.
@@ -121,15 +121,14 @@ impl ClusterPool {
         let mut fresh = true;
         for (_, keys) in &groups {
             let part = Attempt { keys, ..*attempt };
-            match self.acquire_slot(&part, set_first) {
+            // What a failed part took is taken back below, with the rest.
+            match self.acquire_slot(&part, set_first, false) {
                 Ok(Acquired::Yes {
                     fences: part_fences,
                     fresh: part_fresh,
                 }) => {
                     fences.extend(keys.iter().zip(part_fences));
-                    // A random token's part is this attempt's even when not fresh (the
-                    // client sent the script again after a timeout): taken back too.
-                    if part_fresh || !attempt.fixed_token {
+                    if attempt.owns(part_fresh) {
                         taken.push(keys);
                     }
                     fresh &= part_fresh;
@@ -139,7 +138,7 @@ impl ClusterPool {
                     // before), and the failed slot too when its reply may have been lost
                     // after it was taken, unless a fixed token may have held it before.
                     // Best effort: what cannot be taken back expires with its TTL.
-                    let reply_lost = failed.is_err() && !attempt.fixed_token;
+                    let reply_lost = failed.is_err() && attempt.owns(false);
                     for keys in taken
                         .into_iter()
                         .chain(reply_lost.then_some(keys.as_slice()))
@@ -167,8 +166,14 @@ impl ClusterPool {
     }
 
     /// One attempt on the keys of one slot, on its master; with replicas wanted, waited for
-    /// there, on the same connection.
-    fn acquire_slot(&self, attempt: &Attempt<'_>, set_first: bool) -> Result<Acquired> {
+    /// there, on the same connection. With `take_back`, what such an attempt took when it
+    /// failed is given up (see `replicas::unconfirmed`).
+    fn acquire_slot(
+        &self,
+        attempt: &Attempt<'_>,
+        set_first: bool,
+        take_back: bool,
+    ) -> Result<Acquired> {
         let slot = slot(&attempt.keys[0]); // never empty: checked before any attempt
         let mut sent = false;
         let acquired = moving(self.run(|con| {
@@ -178,7 +183,7 @@ impl ClusterPool {
                 wait_on_slot(con, slot, wanted)
             })
         }));
-        replicas::unconfirmed(attempt, sent, &acquired, || {
+        replicas::unconfirmed(attempt, sent && take_back, &acquired, || {
             let (kind, keys, value) = (attempt.kind, attempt.keys, attempt.value);
             self.run(|con| scripts::release(con, kind, keys, value, attempt.channels))
         });
@@ -394,16 +399,17 @@ fn moving(outcome: Result<Acquired>) -> Result<Acquired> {
     }
 }
 
-/// On a cluster: the keys must share a hash slot unless the options allow otherwise, and
-/// each fencing counter (`prefix` + its name) must share its key's slot.
+/// On a cluster: the keys must share a hash slot unless `across_slots`, and with
+/// `fencing` each counter (`prefix` + its name) must share its key's slot.
 pub(crate) fn check_slots(
     keys: &[String],
     names: &[String],
     prefix: &str,
-    options: &LockOptions,
+    across_slots: bool,
+    fencing: bool,
 ) -> Result<()> {
     let groups = by_slot(keys);
-    if groups.len() > 1 && !options.across_slots {
+    if groups.len() > 1 && !across_slots {
         let listed: Vec<String> = keys
             .iter()
             .zip(names)
@@ -416,7 +422,7 @@ pub(crate) fn check_slots(
             listed.join(", ")
         )));
     }
-    if options.fencing {
+    if fencing {
         for (key, name) in keys.iter().zip(names) {
             if slot(&format!("{prefix}{}", fence_key(key))) != slot(key) {
                 return Err(Error::InvalidInput(format!(

@@ -56,7 +56,6 @@ pub(crate) fn parse_key_holders(reply: Value, count_only: bool) -> RedisResult<K
     let fence = u64::try_from(redis::from_redis_value_ref::<i64>(fence)?).ok();
     let (count, holds) = match rest {
         [n] if count_only => (redis::from_redis_value_ref(n)?, Vec::new()),
-        [] if count_only => (0, Vec::new()),
         pairs => {
             let holds: Holds = pairs
                 .chunks(2)

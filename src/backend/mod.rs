@@ -76,7 +76,8 @@ impl Backend {
             )),
             Backend::Quorum(_) => self.check_ttl(ttl_ms),
             Backend::Cluster(..) => {
-                cluster::check_slots(keys, names.unwrap_or(keys), prefix, options)
+                let names = names.unwrap_or(keys);
+                cluster::check_slots(keys, names, prefix, options.across_slots, options.fencing)
             }
         }
     }
@@ -136,13 +137,9 @@ impl Backend {
                  servers, readers and writers could each win a different majority"
                     .into(),
             )),
+            // One script per read lock: never across slots.
             Backend::Cluster(..) => {
-                // One script per read lock: never across slots.
-                let in_one_slot = LockOptions {
-                    across_slots: false,
-                    ..options.clone()
-                };
-                cluster::check_slots(keys, names.unwrap_or(keys), prefix, &in_one_slot)
+                cluster::check_slots(keys, names.unwrap_or(keys), prefix, false, options.fencing)
             }
         }
     }
@@ -314,12 +311,13 @@ impl Backend {
         ttl_ms: u64,
         channels: &str,
     ) -> Result<Released> {
-        let one_slot = slot::by_slot(keys).len() == 1;
+        // Keys are never empty here: the lock holds them.
+        let one_slot = || keys.iter().all(|key| slot(key) == slot(&keys[0]));
         match self {
             Backend::Single(pool) => {
                 pool.run(|con| scripts::downgrade(con, keys, value, ttl_ms, channels))
             }
-            Backend::Cluster(cluster, _) if one_slot => {
+            Backend::Cluster(cluster, _) if one_slot() => {
                 cluster.run(|con| scripts::downgrade(con, keys, value, ttl_ms, channels))
             }
             Backend::Cluster(..) | Backend::Quorum(_) => Err(Error::InvalidInput(

@@ -55,10 +55,7 @@ pub(crate) fn confirm<C: ConnectionLike>(
     if acknowledged >= replicas.wanted {
         return Ok(acquired);
     }
-    // A random token's keys are this attempt's even when not fresh (a request repeated
-    // after its connection dropped finds them taken already): only a fixed token may
-    // have held them before.
-    if *fresh || !attempt.fixed_token {
+    if attempt.owns(*fresh) {
         // Announced: a waiter may have seen the keys taken.
         scripts::release(
             con,
@@ -87,7 +84,7 @@ pub(crate) fn unconfirmed<T>(
 ) {
     // Only when the acquire was sent: after a pool that had no connection (or only stale
     // ones) nothing was, and the release would wait as long again.
-    if sent && acquired.is_err() && attempt.replicas.is_some() && !attempt.fixed_token {
+    if sent && acquired.is_err() && attempt.replicas.is_some() && attempt.owns(false) {
         let _ = release();
     }
 }

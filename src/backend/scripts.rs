@@ -196,6 +196,16 @@ pub(crate) struct Attempt<'a> {
     pub(crate) replicas: Option<Replicas>,
 }
 
+impl Attempt<'_> {
+    /// Whether keys found holding this attempt's value (taken `fresh` by it, or not) are
+    /// this attempt's to take back: a random token's always (a request sent again after a
+    /// timeout finds them taken already), a fixed token's only when fresh (the same owner
+    /// may have held them before).
+    pub(crate) fn owns(&self, fresh: bool) -> bool {
+        fresh || !self.fixed_token
+    }
+}
+
 /// One hold for [`refresh`]: its kind, keys, value and the TTL to set.
 pub(crate) struct Refresh<'a> {
     pub(crate) kind: Kind,

@@ -10,10 +10,12 @@
 //! Each connection to the master carries the *generation* of the master it was made to. A
 //! new master starts a new one: heard from a sentinel (`+switch-master` or
 //! `+promoted-slave`, at once), or found by a lookup after a connection to the old one
-//! failed or answered as a replica (`READONLY`). The pools then drop connections of older generations instead of using
-//! them: after a forced failover the old master stays writable for seconds, and a lock
-//! taken there would be one the new master has never seen.
+//! failed or answered as a replica (`READONLY`). The pools then drop connections of older
+//! generations instead of using them: after a forced failover the old master stays
+//! writable for seconds, and a lock taken there would be one the new master has never
+//! seen.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread;
 use std::time::Duration;
@@ -49,6 +51,9 @@ pub(crate) struct Sentinels {
     tls: bool,
     bounds: Bounds,
     known: Mutex<Known>,
+    /// `known.generation`, readable without the lock: every checkout and return of a
+    /// pooled connection asks it.
+    generation: AtomicU64,
 }
 
 #[derive(Default)]
@@ -87,12 +92,19 @@ impl Sentinels {
             tls,
             bounds,
             known: Mutex::default(),
+            generation: AtomicU64::new(0),
         }
     }
 
     /// The current generation: connections made in an older one are not used.
     pub(crate) fn generation(&self) -> u64 {
-        self.known.lock().generation
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// A new generation begins (under the lock of `known`).
+    fn next_generation(&self, known: &mut Known) {
+        known.generation += 1;
+        self.generation.store(known.generation, Ordering::Release);
     }
 
     /// A connection to the master (bounded, with the I/O timeout set), and the generation
@@ -265,7 +277,7 @@ impl Sentinels {
                 None => known.epoch,
             };
             known.master = Some(master.clone());
-            known.generation += 1;
+            self.next_generation(&mut known);
         } else if let Some(epoch) = epoch {
             known.epoch = match known.trusted {
                 true => known.epoch.max(epoch),
@@ -309,7 +321,7 @@ impl Sentinels {
         let mut known = self.known.lock();
         if known.generation == generation {
             known.trusted = false;
-            known.generation += 1;
+            self.next_generation(&mut known);
         }
     }
 

@@ -104,7 +104,7 @@ impl LockerBuilder {
     /// [`Error::Pool`] when the cluster cannot be reached within the checkout timeout.
     pub fn build_cluster<T: IntoConnectionInfo + Clone>(self, seeds: &[T]) -> Result<Locker> {
         self.check()?;
-        self.check_replica_timeout(self.bounds.io)?;
+        self.check_replica_timeout()?;
         if seeds.is_empty() {
             return Err(Error::InvalidInput(
                 "build_cluster needs at least one seed node URL".into(),
@@ -164,7 +164,7 @@ impl LockerBuilder {
     /// timeout.
     pub fn build<T: IntoConnectionInfo>(self, url: T) -> Result<Locker> {
         self.check()?;
-        self.check_replica_timeout(self.bounds.io)?;
+        self.check_replica_timeout()?;
         let client = self.client(url).map_err(bad_url)?;
         let pool = Pool::build(client, self.pool_size, self.bounds)?;
         Ok(self.locker(Backend::Single(pool)))
@@ -210,7 +210,7 @@ impl LockerBuilder {
         master_name: &str,
     ) -> Result<Locker> {
         self.check()?;
-        self.check_replica_timeout(self.bounds.io)?;
+        self.check_replica_timeout()?;
         if sentinels.is_empty() || master_name.is_empty() {
             return Err(Error::InvalidInput(
                 "build_sentinel needs at least one sentinel URL and the master's name".into(),
@@ -285,7 +285,7 @@ impl LockerBuilder {
     /// [`Error::InvalidInput`] for a zero I/O timeout or a bad default TTL.
     pub fn build_with_pool(self, pool: r2d2::Pool<Client>) -> Result<Locker> {
         self.check()?;
-        self.check_replica_timeout(self.bounds.io)?;
+        self.check_replica_timeout()?;
         Ok(self.given_pool(pool))
     }
 

@@ -236,8 +236,9 @@ impl LockerBuilder {
         Ok(())
     }
 
-    /// Refuses a replica timeout that a connection's read timeout (`io`) would cut short.
-    fn check_replica_timeout(&self, io: Duration) -> Result<()> {
+    /// Refuses a replica timeout that a connection's read timeout would cut short.
+    fn check_replica_timeout(&self) -> Result<()> {
+        let io = self.bounds.io;
         let Some(timeout) = self.replica_timeout else {
             return Ok(()); // a quarter of it
         };

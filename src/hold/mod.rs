@@ -13,4 +13,4 @@ pub(crate) use held::{Held, Kind, Timing, drift_ms, later};
 pub(crate) use holding::Holding;
 pub(crate) use obtain::{Request, obtain};
 pub(crate) use refresher::Refresher;
-pub(crate) use token::{metadata_of, owner_part, random_token};
+pub(crate) use token::{is_random_form, metadata_of, owner_part, random_token};

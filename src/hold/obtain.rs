@@ -37,7 +37,7 @@ pub(crate) fn obtain(
     no_quorum: impl Fn() -> Error,
 ) -> Result<Holding> {
     let (kind, started) = (request.kind, Instant::now());
-    let obtained = attempts(shared, request, options, no_quorum);
+    let obtained = attempts(shared, request, options, no_quorum, started);
     let result = match &obtained {
         Ok(_) => "held",
         Err(Error::NotObtained) => "not_obtained",
@@ -53,8 +53,8 @@ fn attempts(
     request: Request,
     options: LockOptions,
     no_quorum: impl Fn() -> Error,
+    started: Instant,
 ) -> Result<Holding> {
-    let started = Instant::now();
     let Request { kind, keys, names } = request;
     let prefix = shared.prefix.as_str();
     let ttl_ms = checked_ttl(options.ttl.unwrap_or(shared.default_ttl))?;
@@ -155,7 +155,7 @@ fn attempts(
                 prefix,
                 fixed_token,
                 over: None,
-                intent: waits.then_some(offer.value.as_str()),
+                intent: waits.then_some(offer_value),
                 channels: subscriber.release_channels(),
                 replicas,
             };

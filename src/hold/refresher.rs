@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::Held;
+use super::{Held, is_random_form};
 use crate::backend::Refresh;
 use crate::backend::{Backend, Refreshed};
 use crate::lost::{Lost, OnLost};
@@ -221,8 +221,7 @@ fn tell(held: &Held, on_lost: Option<&OnLost>) {
     // let a reader of the log release the hold, and a fixed one is short and guessable:
     // none of it is logged.
     let token = held.token();
-    let random = token.len() == 32 && token.bytes().all(|b| b.is_ascii_hexdigit());
-    let shown = if random {
+    let shown = if is_random_form(token) {
         format!("token {}…", &token[..6])
     } else {
         "a fixed token".to_string()

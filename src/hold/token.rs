@@ -44,7 +44,8 @@ pub(crate) fn metadata_of(value: &str) -> &str {
         .unwrap_or_default()
 }
 
-fn is_random_form(token: &str) -> bool {
+/// Whether `token` has the form of one `random_token` makes (32 lower-case hex digits).
+pub(crate) fn is_random_form(token: &str) -> bool {
     token.len() == RANDOM_TOKEN_LEN
         && token
             .bytes()

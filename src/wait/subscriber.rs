@@ -201,6 +201,9 @@ impl Drop for Subscriber {
     }
 }
 
+/// The wait before reconnecting after a first failure (it doubles while they go on).
+const FIRST_BACKOFF: Duration = Duration::from_millis(10);
+
 /// How long, beyond a [`SWEEP`], dropping a locker waits for its subscriber thread.
 const STOP_GRACE: Duration = Duration::from_secs(3);
 
@@ -212,7 +215,7 @@ fn run(board: &Board, pools: &[Pool]) {
 }
 
 fn listen_until_stopped(board: &Board, pools: &[Pool]) {
-    let mut backoff = Duration::from_millis(10);
+    let mut backoff = FIRST_BACKOFF;
     let mut listening = 0;
     loop {
         if board.state.lock().stopping {
@@ -226,7 +229,7 @@ fn listen_until_stopped(board: &Board, pools: &[Pool]) {
             Ok(()) => return, // stopped
             Err(e) => {
                 // Once per outage (the backoff starts afresh on each good connection).
-                if backoff == Duration::from_millis(10) {
+                if backoff == FIRST_BACKOFF {
                     log::warn!(
                         "redguard: the subscriber's connection failed ({e}); until it is back, \
                          waiters wait out their retry delays"
@@ -252,7 +255,7 @@ fn listen(board: &Board, pool: &Pool, backoff: &mut Duration) -> Result<()> {
     con.set_read_timeout(Some(SWEEP))?;
     let mut pubsub = con.as_pubsub();
     pubsub.subscribe(&board.wake)?;
-    *backoff = Duration::from_millis(10); // connected: the next failure starts afresh
+    *backoff = FIRST_BACKOFF; // connected: the next failure starts afresh
     let mut swept = Instant::now();
     loop {
         let (pending, idle) = {

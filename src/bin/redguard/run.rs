@@ -234,11 +234,16 @@ fn group_alive() -> bool {
     group != 0 && unsafe { libc::killpg(group as libc::pid_t, 0) } == 0
 }
 
+/// 128 + `signal`, the shell's code for a death by a signal.
+fn signal_code(signal: i32) -> ExitCode {
+    ExitCode::from(u8::try_from(128 + signal).unwrap_or(255))
+}
+
 /// The command's status: its exit code, or 128 + the signal that ended it.
 fn exit_code(status: ExitStatus) -> ExitCode {
     match (status.code(), status.signal()) {
         (Some(code), _) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
-        (None, Some(signal)) => ExitCode::from(u8::try_from(128 + signal).unwrap_or(255)),
+        (None, Some(signal)) => signal_code(signal),
         (None, None) => ExitCode::from(1),
     }
 }
@@ -267,7 +272,7 @@ fn listen_for_signals() -> std::io::Result<()> {
 fn signalled() -> Option<ExitCode> {
     match RECEIVED.load(Ordering::SeqCst) {
         0 => None,
-        signal => Some(ExitCode::from(u8::try_from(128 + signal).unwrap_or(255))),
+        signal => Some(signal_code(signal)),
     }
 }
 
