@@ -151,13 +151,16 @@ fn a_lost_lock_stops_the_whole_group_and_exits_75() {
     .stderr(Stdio::piped())
     .spawn()
     .unwrap();
-    eventually(Duration::from_secs(3), "started", || pid_file.exists());
-    thread::sleep(Duration::from_millis(50));
-    let grandchild: u32 = std::fs::read_to_string(&pid_file)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    // The file exists before `echo` has written it: until it reads as a pid.
+    let read_pid = || {
+        std::fs::read_to_string(&pid_file)
+            .ok()?
+            .trim()
+            .parse::<u32>()
+            .ok()
+    };
+    eventually(Duration::from_secs(3), "started", || read_pid().is_some());
+    let grandchild = read_pid().unwrap();
     server.query::<u32>(&["DEL", "k"]);
     let output = child.wait_with_output().unwrap();
     assert_eq!(code(&output), Some(75));
@@ -202,7 +205,10 @@ fn sigterm_reaches_the_command_and_ends_a_wait_holding_nothing() {
     let waiting = redguard(&server, &["run", "k", "--", "true"])
         .spawn()
         .unwrap();
-    thread::sleep(Duration::from_millis(300)); // it waits
+    // It waits (its signal handlers are set before it connects).
+    eventually(Duration::from_secs(3), "it waits", || {
+        server.subscribers("redguard:released:k") > 0
+    });
     let signalled = Instant::now();
     signal(waiting.id(), "TERM");
     let output = waiting.wait_with_output().unwrap();

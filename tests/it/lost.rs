@@ -11,7 +11,9 @@ use redguard::{LockOptions, Locker};
 use crate::server::RedisServer;
 use crate::{eventually, in_child_process};
 
-const TTL: Duration = Duration::from_millis(300);
+/// Short, but long enough that a refresher held up a few hundred milliseconds on a loaded
+/// machine still keeps the holds it should.
+const TTL: Duration = Duration::from_millis(800);
 
 /// What `on_lost` was told of one hold: its keys and metadata.
 type Told = (Vec<String>, String);

@@ -245,6 +245,8 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
 /// short a sleep already under way.
 fn pump(shared: &Shared, state: &LinkState, mut from: TcpStream, mut to: TcpStream, up: bool) {
     let _ = from.set_read_timeout(Some(Duration::from_millis(20)));
+    // A peer that stops reading must not hold the pump (and the proxy's drop) for ever.
+    let _ = to.set_write_timeout(Some(Duration::from_secs(2)));
     let mut requests = Requests::default();
     let mut buf = vec![0u8; 64 * 1024];
     loop {

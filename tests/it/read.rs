@@ -297,7 +297,10 @@ fn a_lock_held_elsewhere_makes_a_waiting_lock_record_no_intent() {
         let options = LockOptions::default().timeout(Duration::from_secs(3));
         thread::spawn(move || locker.lock_with(&["a", "b"], options).map(drop))
     };
-    thread::sleep(Duration::from_millis(200)); // the lock above tries, and waits
+    // The lock above tried, and waits (listening for its keys' releases).
+    eventually(Duration::from_secs(2), "the lock waits", || {
+        server.subscribers("redguard:released:b") > 0
+    });
     assert!(!waiting.is_finished());
     let asked = Instant::now();
     let options = LockOptions::default().timeout(Duration::from_secs(2));
@@ -361,14 +364,14 @@ fn a_reader_gets_the_keys_fencing_counters_as_they_are() {
 fn readers_are_refreshed_and_never_revived() {
     let server = RedisServer::start();
     let locker = locker(&server);
-    let ttl = Duration::from_millis(300);
+    let ttl = Duration::from_millis(800);
     let auto = locker
         .read_with(&["k", "j"], LockOptions::default().ttl(ttl))
         .unwrap();
     let by_hand = locker
         .read_with(&["k"], manual(Duration::from_secs(30)))
         .unwrap();
-    thread::sleep(Duration::from_secs(1)); // over three TTLs
+    thread::sleep(ttl * 3); // three TTLs
     assert!(!auto.is_lost() && auto.ttl().unwrap().is_some());
     // As if the server's clock had jumped: both expired there.
     for guard in [&auto, &by_hand] {

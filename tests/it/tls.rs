@@ -251,15 +251,23 @@ fn sentinel_over_tls_finds_the_master_and_follows_a_failover() {
         .lock_with(&["tls:k"], LockOptions::default().replicas(1))
         .unwrap();
     let new = group.failover().unwrap();
-    let stored: Option<String> = group.servers()[new]
-        .client()
-        .unwrap()
-        .get_connection_with_timeout(Duration::from_secs(1))
-        .and_then(|mut con| redis::cmd("GET").arg("tls:k").query(&mut con))
-        .unwrap();
-    assert_eq!(stored.as_deref(), Some(guard.token()), "on the new master");
+    let stored = |key: &str| -> Option<String> {
+        let mut con = group.servers()[new]
+            .client()
+            .unwrap()
+            .get_connection_with_timeout(Duration::from_secs(1))
+            .unwrap();
+        con.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        redis::cmd("GET").arg(key).query(&mut con).unwrap()
+    };
+    assert_eq!(
+        stored("tls:k").as_deref(),
+        Some(guard.token()),
+        "on the new master"
+    );
     eventually(Duration::from_secs(3), "locks on the new master", || {
-        locker.try_lock(&["tls:other"]).is_ok_and(|g| g.is_some())
+        let guard = locker.try_lock(&["tls:other"]);
+        guard.is_ok_and(|g| g.is_some_and(|g| stored("tls:other").as_deref() == Some(g.token())))
     });
     assert!(locker.try_lock(&["tls:k"]).unwrap().is_none());
 }

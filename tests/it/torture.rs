@@ -267,9 +267,27 @@ fn randomized_faults_never_let_accepted_sections_overlap() {
     }
     proxy.heal();
 
-    let mut by_worker = Vec::new();
+    // Each worker ends by itself at the deadline; one that does not, within 30 s more,
+    // fails the run (and is killed) instead of hanging it.
+    let pids: Vec<String> = children.0.iter().map(|c| c.id().to_string()).collect();
+    let (ended, outputs) = std::sync::mpsc::channel();
     for child in std::mem::take(&mut children.0) {
-        let output = child.wait_with_output().unwrap();
+        let ended = ended.clone();
+        thread::spawn(move || drop(ended.send(child.wait_with_output())));
+    }
+    let until = Instant::now() + Duration::from_secs(30);
+    let mut by_worker = Vec::new();
+    for _ in 0..PROCESSES {
+        let wait = until.saturating_duration_since(Instant::now());
+        let Ok(output) = outputs.recv_timeout(wait) else {
+            for pid in &pids {
+                let _ = std::process::Command::new("kill")
+                    .args(["-9", pid])
+                    .status();
+            }
+            panic!("a worker did not end within 30 s of the run's end");
+        };
+        let output = output.unwrap();
         let stdout = String::from_utf8_lossy(&output.stdout);
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(
@@ -374,6 +392,8 @@ fn worker() {
             thread::spawn(move || {
                 let mut rng = Rng::new();
                 let mut con = TcpStream::connect(("127.0.0.1", checker)).unwrap();
+                // The checker answers at once: a silent one fails the worker, never hangs it.
+                con.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
                 let mut answers = BufReader::new(con.try_clone().unwrap());
                 let mut write = |what: &str, key: &str, fence: u64, held: bool| {
                     let held = if held { "held" } else { "lost" };

@@ -12,15 +12,10 @@ use crate::eventually;
 use crate::proxy::{Cut, Proxy};
 use crate::server::RedisServer;
 
-/// Bounds of the lockers behind a proxy: every call fails within about a second.
-const IO: Duration = Duration::from_millis(300);
-
+/// A locker through the proxy, with `tight` bounds: every call fails within about a
+/// second.
 fn behind(proxy: &Proxy) -> Locker {
-    Locker::builder()
-        .pool_size(2)
-        .connect_timeout(IO)
-        .io_timeout(IO)
-        .checkout_timeout(Duration::from_millis(600))
+    crate::tight()
         .build(proxy.url())
         .expect("a locker through the proxy")
 }
@@ -35,7 +30,8 @@ fn a_reply_lost_on_acquire_errors_in_time_and_blocks_no_one_beyond_the_ttl() {
     let proxy = Proxy::start(server.port());
     let locker = behind(&proxy);
     let direct = crate::locker(&server);
-    let ttl = Duration::from_millis(800);
+    // Well past the I/O timeout, so that the call's error comes long before it expires.
+    let ttl = Duration::from_millis(1500);
     proxy.drop_replies_after(0);
     let started = Instant::now();
     let err = locker
@@ -85,13 +81,21 @@ fn a_reply_lost_on_release_never_releases_someone_elses_lock() {
         if let Some(next) = direct.try_lock(&["w:r"]).unwrap() {
             break next;
         }
+        assert!(
+            sent.elapsed() < Duration::from_secs(5),
+            "the key never expired"
+        );
         thread::sleep(Duration::from_millis(5));
     };
     assert!(
         sent.elapsed() < Duration::from_millis(1000),
         "taken before it arrived"
     );
-    thread::sleep(Duration::from_millis(1200).saturating_sub(sent.elapsed()) * 2);
+    // Until the held-up release has run on the server.
+    let calls = server.evalsha_calls();
+    eventually(Duration::from_secs(5), "the late release arrives", || {
+        server.evalsha_calls() > calls
+    });
     assert_eq!(
         stored(&server, "w:r").as_deref(),
         Some(next.token()),
@@ -107,11 +111,7 @@ fn a_half_open_connection_while_holding_is_lost_in_time_and_the_pool_recovers() 
     let proxy = Proxy::start(server.port());
     let told = Arc::new(AtomicUsize::new(0));
     let counted = Arc::clone(&told);
-    let locker = Locker::builder()
-        .pool_size(2)
-        .connect_timeout(IO)
-        .io_timeout(IO)
-        .checkout_timeout(Duration::from_millis(600))
+    let locker = crate::tight()
         .on_lost(move |_| {
             counted.fetch_add(1, Ordering::SeqCst);
         })
@@ -213,11 +213,13 @@ fn latency_past_the_ttl_while_holding_is_lost_before_the_server_expires_it() {
     // Replies now take longer than the TTL: refreshes arrive, their answers too late.
     proxy.set(|f| f.down.latency = Duration::from_millis(900));
     let mut con = server.connection();
+    let waiting = Instant::now();
     loop {
         let ttl_left: i64 = redis::cmd("PTTL").arg("w:slow").query(&mut con).unwrap();
         if ttl_left == -2 {
             break;
         }
+        assert!(waiting.elapsed() < Duration::from_secs(10), "never expired");
         thread::sleep(Duration::from_millis(5));
     }
     // Gone on the server: the guard knew by then (its clock counts from before each
