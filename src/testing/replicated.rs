@@ -306,7 +306,8 @@ impl Replicated {
         )))
     }
 
-    /// Waits until every replica has finished its first sync with the master.
+    /// Waits until every replica has finished its first sync with the master, and the
+    /// master counts it online.
     fn wait_until_synced(&self) -> io::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
@@ -317,6 +318,13 @@ impl Replicated {
                 })
                 .unwrap_or(false)
             });
+            // And the master counts them: after a sync it waits for a replica's first
+            // acknowledgement (up to a second) before WAIT counts it.
+            let online = self.query(&self.servers[0], |con| {
+                let info: String = redis::cmd("INFO").arg("replication").query(con)?;
+                Ok(info.matches("state=online").count())
+            });
+            let synced = synced && online.is_ok_and(|n| n == self.servers.len() - 1);
             if synced {
                 return Ok(());
             }

@@ -141,6 +141,12 @@ impl RedisCluster {
                 .is_ok_and(|info| info.contains("master_link_status:up"))
         });
         assert!(synced, "the replica did not sync with master {master}");
+        // WAIT counts it once the master has its first acknowledgement (up to a second).
+        let online = poll(Duration::from_secs(20), || {
+            self.try_query::<String>(master, &cmd("INFO", "replication"))
+                .is_ok_and(|info| info.contains("state=online"))
+        });
+        assert!(online, "master {master} did not count its replica online");
         let ok = poll(Duration::from_secs(20), || {
             self.try_query::<String>(replica, &cmd("CLUSTER", "INFO"))
                 .is_ok_and(|info| info.contains("cluster_state:ok"))
