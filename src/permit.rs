@@ -79,6 +79,15 @@ impl Permit {
         self.holding.is_lost()
     }
 
+    /// How long this process still counts the permit as held, by its own clock and without
+    /// asking Redis: the time until [`is_lost`](Self::is_lost) turns `true` unless a
+    /// refresh succeeds first (counted from before the last successful request was sent,
+    /// less the drift allowance, so never past the server's expiry); zero once lost. What
+    /// a caller with a deadline of its own (stop work before the hold can expire) needs.
+    pub fn valid_for(&self) -> Duration {
+        self.holding.valid_for()
+    }
+
     /// Gives the permit back, and wakes the semaphore's waiters.
     ///
     /// # Errors

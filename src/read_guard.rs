@@ -147,6 +147,15 @@ impl ReadGuard {
         self.holding.is_lost()
     }
 
+    /// How long this process still counts the read lock as held, by its own clock and without
+    /// asking Redis: the time until [`is_lost`](Self::is_lost) turns `true` unless a
+    /// refresh succeeds first (counted from before the last successful request was sent,
+    /// less the drift allowance, so never past the server's expiry); zero once lost. What
+    /// a caller with a deadline of its own (stop work before the hold can expire) needs.
+    pub fn valid_for(&self) -> Duration {
+        self.holding.valid_for()
+    }
+
     /// Gives up the shared hold of every key; the last reader to leave a key wakes the
     /// locks that wait for it.
     ///

@@ -112,6 +112,17 @@ impl Holding {
         self.held.is_lost()
     }
 
+    /// How long the hold still counts as held by this process's clock: zero once lost.
+    pub(crate) fn valid_for(&self) -> Duration {
+        if self.held.is_lost() {
+            return Duration::ZERO;
+        }
+        self.held
+            .timing()
+            .expires_at()
+            .saturating_duration_since(Instant::now())
+    }
+
     /// Gives the hold up: `LockLost` when it was no longer (or already known not to be)
     /// held.
     pub(crate) fn release(mut self) -> Result<()> {

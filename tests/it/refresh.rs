@@ -109,6 +109,29 @@ fn lock_without_refresh_is_lost_once_its_ttl_has_passed() {
 }
 
 #[test]
+fn valid_for_counts_down_to_zero_and_grows_with_a_refresh() {
+    let server = RedisServer::start();
+    let guard = locker(&server)
+        .lock_with(&["k"], manual(Duration::from_millis(400)))
+        .unwrap();
+    // 400 ms less the drift allowance (6 ms), counted from before the request was sent.
+    let left = guard.valid_for();
+    assert!(
+        left <= Duration::from_millis(394) && left > Duration::from_millis(100),
+        "{left:?}"
+    );
+    guard.refresh(Duration::from_secs(60)).unwrap();
+    assert!(
+        guard.valid_for() > Duration::from_secs(50),
+        "{:?}",
+        guard.valid_for()
+    );
+    guard.refresh(Duration::from_millis(30)).unwrap();
+    eventually(Duration::from_secs(2), "the ttl passes", || guard.is_lost());
+    assert_eq!(guard.valid_for(), Duration::ZERO);
+}
+
+#[test]
 fn one_server_lock_counts_itself_lost_before_its_ttl_by_the_drift_allowance() {
     let server = RedisServer::start();
     let locker = locker(&server);
