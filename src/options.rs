@@ -3,9 +3,11 @@ use std::time::Duration;
 
 use crate::{Error, Result, Retry};
 
-/// The longest TTL Redis accepts without overflowing its expiry clock (about 146 million
-/// years); a longer one is an [`Error::InvalidInput`].
-pub const MAX_TTL: Duration = Duration::from_millis(i64::MAX as u64 / 2);
+/// The longest TTL, 2^52 ms (about 142,700 years); a longer one is an
+/// [`Error::InvalidInput`]. The scripts count in Lua numbers (doubles), which are exact
+/// to 2^53: an expiry on the server's clock (now, in ms since 1970, plus the TTL) stays
+/// exact up to this, so every TTL is kept and reported to the millisecond.
+pub const MAX_TTL: Duration = Duration::from_millis(1 << 52);
 
 /// The most keys one lock may take (the scripts pass them to Redis commands as Lua
 /// arguments, and Lua's stack is bounded).
@@ -295,7 +297,7 @@ mod tests {
         assert!(why(checked_ttl(Duration::MAX)).contains("longer than"));
         assert!(why(checked_ttl(MAX_TTL + Duration::from_millis(1))).contains("longer"));
         assert_eq!(checked_ttl(Duration::from_micros(1500)).unwrap(), 1);
-        assert_eq!(checked_ttl(MAX_TTL).unwrap(), i64::MAX as u64 / 2);
+        assert_eq!(checked_ttl(MAX_TTL).unwrap(), 1 << 52);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use crate::backend::Replicas;
 
@@ -43,6 +43,15 @@ pub(crate) struct Held {
     lost: AtomicBool,
     /// Set once the refresher has told of the loss (logged it, called `on_lost`).
     told: AtomicBool,
+    /// Set once its owner gives it up (release, hand-over, downgrade), before the script
+    /// that does it is sent: a refresh that then finds the keys gone found no loss.
+    ended: AtomicBool,
+    /// Whether a refresh of this hold is in flight. One at a time: of two refreshes on two
+    /// connections the server may apply either last, and only one in flight at a time
+    /// makes the expiry recorded the one the server applied last.
+    refreshing: Mutex<bool>,
+    /// Notified when the refresh in flight is done.
+    refresh_done: Condvar,
     /// Refreshed only once this many replicas acknowledge it.
     pub(crate) replicas: Option<Replicas>,
 }
@@ -80,10 +89,16 @@ impl Timing {
         self.expires_at
     }
 
-    /// When the refresher should extend the lock: with two thirds of its TTL left.
+    /// When the refresher should extend the lock: with two thirds of its TTL left, or,
+    /// where the expiry lies closer than that after the last refresh (capped as forever,
+    /// see [`later`]), a third of the way there: never in the past while the hold is good,
+    /// so every TTL costs one refresh per period.
     pub(crate) fn refresh_at(&self) -> Instant {
         let left = Duration::from_millis(self.ttl_ms - self.ttl_ms / 3);
-        self.expires_at.checked_sub(left).unwrap_or(self.sent_at)
+        match self.expires_at.checked_sub(left) {
+            Some(at) if at >= self.sent_at => at,
+            _ => self.sent_at + self.expires_at.saturating_duration_since(self.sent_at) / 3,
+        }
     }
 }
 
@@ -123,6 +138,9 @@ impl Held {
             timing: Mutex::new(timing),
             lost: AtomicBool::new(false),
             told: AtomicBool::new(false),
+            ended: AtomicBool::new(false),
+            refreshing: Mutex::new(false),
+            refresh_done: Condvar::new(),
             replicas: None,
         }
     }
@@ -175,18 +193,53 @@ impl Held {
         self.timing.lock().ttl_ms = ttl_ms;
     }
 
-    /// Records a refresh to `ttl_ms` that succeeded, sent at `sent_at`.
+    /// Records a refresh to `ttl_ms` that succeeded, sent at `sent_at`, by the holder of
+    /// the refresh turn (so no other refresh of this hold overlapped it).
     pub(crate) fn refreshed(&self, sent_at: Instant, ttl_ms: u64) {
         let mut timing = self.timing.lock();
-        let expires_at = expiry(sent_at, ttl_ms);
-        if sent_at >= timing.sent_at {
-            timing.sent_at = sent_at;
-            timing.expires_at = expires_at;
-        } else {
-            // Two refreshes overlapped and this older one finished last: the server may
-            // have applied either one last, so believe the earlier expiry.
-            timing.expires_at = timing.expires_at.min(expires_at);
+        timing.sent_at = sent_at;
+        timing.expires_at = expiry(sent_at, ttl_ms);
+    }
+
+    /// Takes the refresh turn if no refresh of this hold is in flight (the refresher's
+    /// way: a hold refreshed by hand just now is not due anyway).
+    pub(crate) fn try_refresh_turn(&self) -> bool {
+        !std::mem::replace(&mut *self.refreshing.lock(), true)
+    }
+
+    /// Takes the refresh turn once the refresh in flight is done (a caller's way); `false`
+    /// when the hold ran out meanwhile. The wait is bounded by the hold's expiry, and the
+    /// refresh in flight by the backend's timeouts.
+    pub(crate) fn wait_refresh_turn(&self) -> bool {
+        let until = self.timing().expires_at();
+        let mut refreshing = self.refreshing.lock();
+        while *refreshing {
+            if self
+                .refresh_done
+                .wait_until(&mut refreshing, until)
+                .timed_out()
+            {
+                return false;
+            }
         }
+        *refreshing = true;
+        true
+    }
+
+    /// Gives the refresh turn back, after the outcome was recorded.
+    pub(crate) fn end_refresh_turn(&self) {
+        *self.refreshing.lock() = false;
+        self.refresh_done.notify_all();
+    }
+
+    /// Its owner gives it up from now on: what refreshes find is no loss any more.
+    pub(crate) fn end(&self) {
+        self.ended.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether its owner has given it up (see [`end`](Self::end)).
+    pub(crate) fn has_ended(&self) -> bool {
+        self.ended.load(Ordering::SeqCst)
     }
 
     /// Whether the loss is still to be told (`true` once only).
@@ -264,20 +317,53 @@ mod tests {
     }
 
     #[test]
-    fn overlapping_refreshes_keep_the_earlier_expiry() {
-        // A refresh to 60 s is sent after an automatic one to 600 ms and finishes first;
-        // the server may still apply the 600 ms one last.
-        let start = Instant::now();
-        let held = held(600, start);
-        held.set_ttl(60_000);
-        held.refreshed(start + 20 * MS, 60_000);
-        held.refreshed(start + 10 * MS, 600);
-        assert_eq!(held.timing().expires_at(), start + (610 - 8) * MS);
-        assert_eq!(
-            held.timing().ttl_ms,
-            60_000,
-            "later refreshes use the new ttl"
+    fn one_refresh_of_a_hold_at_a_time() {
+        let held = std::sync::Arc::new(held(60_000, Instant::now()));
+        assert!(held.try_refresh_turn());
+        assert!(
+            !held.try_refresh_turn(),
+            "the refresher skips a hold in flight"
         );
+        let waiter = {
+            let held = std::sync::Arc::clone(&held);
+            std::thread::spawn(move || {
+                let waited = Instant::now();
+                assert!(held.wait_refresh_turn());
+                waited.elapsed()
+            })
+        };
+        std::thread::sleep(50 * MS);
+        held.end_refresh_turn();
+        let waited = waiter.join().unwrap();
+        assert!(
+            waited >= 40 * MS,
+            "a caller waits for the refresh in flight: {waited:?}"
+        );
+        assert!(!held.try_refresh_turn(), "and then holds the turn");
+        held.end_refresh_turn();
+        assert!(held.try_refresh_turn());
+    }
+
+    #[test]
+    fn waiting_for_the_refresh_turn_ends_with_the_hold() {
+        let held = held(30, Instant::now());
+        assert!(held.try_refresh_turn());
+        let waited = Instant::now();
+        assert!(!held.wait_refresh_turn());
+        assert!(waited.elapsed() < 1000 * MS);
+    }
+
+    #[test]
+    fn a_huge_ttl_is_refreshed_once_a_period_not_at_once() {
+        let start = Instant::now();
+        for ttl_ms in [
+            1000 * 365 * 24 * 3600 * 1000,
+            crate::MAX_TTL.as_millis() as u64,
+        ] {
+            let timing = Timing::new(ttl_ms, start);
+            // The expiry is capped at 100 years; the refresh is due a third of the way.
+            assert!(timing.refresh_at() > start + Duration::from_secs(30 * 365 * 24 * 3600));
+        }
     }
 
     #[test]

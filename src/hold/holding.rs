@@ -66,13 +66,27 @@ impl Holding {
         Ok(ttl)
     }
 
-    /// Sets the TTL to `ttl` from now, if still held; later refreshes use it too.
+    /// Sets the TTL to `ttl` from now, if still held; later refreshes use it too. Waits for
+    /// a refresh of the hold already in flight (the refresher's), so that the two never
+    /// overlap and this one is the last the server applies.
     pub(crate) fn refresh(&self, ttl: Duration) -> Result<()> {
         let ttl_ms = checked_ttl(ttl)?;
         self.shared.backend.check_ttl(ttl_ms)?;
-        if self.held.is_lost() {
+        if self.held.is_lost() || !self.held.wait_refresh_turn() {
             return Err(Error::LockLost);
         }
+        let refreshed = self.refresh_in_turn(ttl_ms);
+        self.held.end_refresh_turn();
+        if self.auto_refresh {
+            self.shared
+                .refresher
+                .rescheduled(self.held.id, refreshed.is_ok());
+        }
+        refreshed
+    }
+
+    /// [`refresh`](Self::refresh)'s round trip, while it holds the hold's refresh turn.
+    fn refresh_in_turn(&self, ttl_ms: u64) -> Result<()> {
         // From now on the refresher uses the new TTL too.
         self.held.set_ttl(ttl_ms);
         let hold = Refresh {
@@ -102,9 +116,6 @@ impl Holding {
             }
         };
         self.held.refreshed(sent_at, ttl_ms);
-        if self.auto_refresh {
-            self.shared.refresher.rescheduled(self.held.id);
-        }
         Ok(())
     }
 
@@ -127,9 +138,7 @@ impl Holding {
     /// held.
     pub(crate) fn release(mut self) -> Result<()> {
         self.released = true;
-        let known_lost = self.held.is_lost();
-        let released = self.unlock()?;
-        if known_lost || !released {
+        if !self.unlock()? {
             return Err(Error::LockLost);
         }
         Ok(())
@@ -144,6 +153,8 @@ impl Holding {
             return Err(Error::LockLost);
         }
         let held = &self.held;
+        // From here a refresh that finds the lock gone found the downgrade.
+        held.end();
         let ttl_ms = held.timing().ttl_ms;
         let subscriber = &self.shared.subscriber;
         let sent_at = Instant::now();
@@ -167,12 +178,25 @@ impl Holding {
         Holding::new(Arc::clone(&self.shared), shared_hold, self.auto_refresh)
     }
 
-    /// Stops refreshing, then hands a lock over to the first waiter of this locker in line
-    /// for the same keys, or gives the hold up in Redis; `false` when not held.
+    /// Stops refreshing, then gives the hold up: `false` when it was not held to the end
+    /// (known lost before, or found gone by the release). A loss known before is told of
+    /// (the refresher no longer can); a release that goes well never is.
     fn unlock(&self) -> Result<bool> {
+        let known_lost = self.held.is_lost();
+        // From here a refresh that finds the keys gone found this release (or hand-over).
+        self.held.end();
         if self.auto_refresh {
             self.shared.refresher.remove(self.held.id);
+            if known_lost {
+                self.shared.refresher.tell_lost(Arc::clone(&self.held));
+            }
         }
+        Ok(self.give_up()? && !known_lost)
+    }
+
+    /// Hands a lock over to the first waiter of this locker in line for the same keys, or
+    /// gives the hold up in Redis; `false` when not held.
+    fn give_up(&self) -> Result<bool> {
         // Permits and shared holds are not handed over: a release lets the next waiter in
         // line attempt.
         if self.held.kind != Kind::Lock {

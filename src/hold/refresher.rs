@@ -119,25 +119,28 @@ impl Refresher {
         Ok(())
     }
 
-    /// Stops refreshing the hold `id`; one already lost is told of (on the refresher
-    /// thread), as when the refresher finds it so itself.
+    /// Stops refreshing the hold `id` (given up by its owner: nothing is told of it).
     pub(crate) fn remove(&self, id: u64) {
-        let mut schedule = self.state.schedule.lock();
-        if let Some(entry) = schedule.entries.remove(&id)
-            && entry.held.is_lost()
-        {
-            schedule.to_tell.push(entry.held);
-            self.state.wake.notify_one();
-        }
+        self.state.schedule.lock().entries.remove(&id);
     }
 
-    /// Tells the thread that the lock `id` was refreshed by hand, maybe with a shorter TTL.
-    pub(crate) fn rescheduled(&self, id: u64) {
+    /// Tells of a hold its owner found lost before giving it up, on the refresher thread,
+    /// as when the refresher finds a loss itself (once per hold, whoever finds it).
+    pub(crate) fn tell_lost(&self, held: Arc<Held>) {
+        self.state.schedule.lock().to_tell.push(held);
+        self.state.wake.notify_one();
+    }
+
+    /// Tells the thread that a refresh of the hold `id` by hand is done (`refreshed` when
+    /// it succeeded, maybe with a shorter TTL): the hold is its to refresh again, and it
+    /// may be due (the thread skips a hold while a refresh of it is in flight).
+    pub(crate) fn rescheduled(&self, id: u64, refreshed: bool) {
         let mut schedule = self.state.schedule.lock();
         if let Some(entry) = schedule.entries.get_mut(&id) {
-            entry.succeeded();
-            let (due, _) = entry.due();
-            self.wake_if_before(&schedule, due);
+            if refreshed {
+                entry.succeeded();
+            }
+            self.state.wake.notify_one();
         }
     }
 
@@ -241,9 +244,11 @@ fn tell(held: &Held, on_lost: Option<&OnLost>) {
 
 impl Schedule {
     /// Once some lock is due, moves every lock due within a quarter of its TTL into `batch`
-    /// (so that they share the round trip, and stay together from then on); drops lost
-    /// ones; returns when the next lock falls due. Locks that are only nearly due never
-    /// start a round trip by themselves, or they would trickle out one small batch each.
+    /// (so that they share the round trip, and stay together from then on), each with its
+    /// refresh turn taken; drops lost ones; returns when the next lock falls due. Locks
+    /// that are only nearly due never start a round trip by themselves, or they would
+    /// trickle out one small batch each. A hold being refreshed by hand is left out (its
+    /// owner wakes the thread when done).
     fn collect_due(
         &mut self,
         now: Instant,
@@ -253,6 +258,10 @@ impl Schedule {
         let mut next: Option<Instant> = None;
         let mut any_due = false;
         self.entries.retain(|_, entry| {
+            // Being given up by its owner: whatever it is now, no loss.
+            if entry.held.has_ended() {
+                return false;
+            }
             if entry.held.is_lost() {
                 lost.push(Arc::clone(&entry.held));
                 return false;
@@ -268,7 +277,9 @@ impl Schedule {
             }
             true
         });
-        if !any_due {
+        if any_due {
+            batch.retain(|held| held.try_refresh_turn());
+        } else {
             batch.clear();
         }
         next
@@ -310,6 +321,9 @@ fn refresh(state: &State, backend: &Backend, batch: &[Arc<Held>], on_lost: Optio
     let (mut kept, mut unknown) = (0, 0);
     for ((held, &ttl), outcome) in batch.iter().zip(&ttls).zip(outcomes) {
         match outcome {
+            // Given up by its owner while this refresh was in flight: whatever it found
+            // is that release, never a loss (and the entry is gone already).
+            _ if held.has_ended() => {}
             Refreshed::Held { sent_at } => {
                 kept += 1;
                 held.refreshed(sent_at, ttl);
@@ -334,6 +348,7 @@ fn refresh(state: &State, backend: &Backend, batch: &[Arc<Held>], on_lost: Optio
                 }
             }
         }
+        held.end_refresh_turn();
     }
     drop(schedule);
     stats::refreshed(kept, found_lost.len() as u64, unknown, round_trip);

@@ -94,17 +94,32 @@ fn unicode_keys_and_metadata_round_trip() {
 }
 
 #[test]
-fn longest_ttl_is_accepted_by_redis() {
+fn longest_ttl_is_accepted_by_redis_and_kept_exactly() {
     let server = RedisServer::start();
-    let guard = locker(&server)
-        .lock_with(
-            &["k"],
-            LockOptions::default().ttl(MAX_TTL).auto_refresh(false),
-        )
+    let locker = locker(&server);
+    let longest = || LockOptions::default().ttl(MAX_TTL).auto_refresh(false);
+    let guard = locker.lock_with(&["k"], longest()).unwrap();
+    let read = locker.read_with(&["r"], longest()).unwrap();
+    let permit = locker
+        .semaphore("s", 2)
+        .unwrap()
+        .acquire_with(longest())
         .unwrap();
-    assert!(server.query::<i64>(&["PTTL", "k"]) > 1 << 60);
-    assert!(!guard.is_lost());
+    let ms = MAX_TTL.as_millis() as i64;
+    let pttl = server.query::<i64>(&["PTTL", "k"]);
+    assert!(pttl <= ms && pttl > ms - 10_000, "{pttl}");
+    for ttl in [guard.ttl(), read.ttl(), permit.ttl()] {
+        let ttl = ttl.unwrap().unwrap();
+        // Never more than was set (Lua numbers would round above 2^53).
+        assert!(
+            ttl <= MAX_TTL && ttl > MAX_TTL - Duration::from_secs(10),
+            "{ttl:?}"
+        );
+    }
+    assert!(!guard.is_lost() && !read.is_lost() && !permit.is_lost());
     guard.release().unwrap();
+    read.release().unwrap();
+    permit.release().unwrap();
 }
 
 #[test]

@@ -172,3 +172,61 @@ fn warnings_child() {
         "nothing of a fixed token"
     );
 }
+
+/// Holds given up cleanly while the refresher may be refreshing them: a release, a
+/// hand-over to another thread, a downgrade. None of them is ever told lost.
+#[test]
+fn holds_given_up_cleanly_are_never_told_lost() {
+    let server = RedisServer::start();
+    let told: Arc<Mutex<Vec<String>>> = Arc::default();
+    let locker = {
+        let told = Arc::clone(&told);
+        Locker::builder()
+            .on_lost(move |lost| told.lock().push(lost.metadata().to_owned()))
+            .build(server.url())
+            .unwrap()
+    };
+    // Refreshed every 10 ms, held about as long: releases meet refreshes in flight.
+    let ttl = Duration::from_millis(30);
+    let clean: Arc<Mutex<Vec<String>>> = Arc::default();
+    let workers: Vec<_> = (0..4)
+        .map(|worker| {
+            let (locker, clean) = (locker.clone(), Arc::clone(&clean));
+            thread::spawn(move || {
+                for round in 0..60 {
+                    let metadata = format!("{worker}-{round}");
+                    let options = LockOptions::default().ttl(ttl).metadata(&metadata);
+                    let guard = locker.lock_with(&["k"], options).unwrap();
+                    thread::sleep(Duration::from_millis(5 + round % 8));
+                    let released = if round % 3 == 0 {
+                        guard.downgrade().and_then(|read| {
+                            thread::sleep(Duration::from_millis(round % 8));
+                            read.release()
+                        })
+                    } else {
+                        guard.release() // handed over, mostly: three others wait
+                    };
+                    if released.is_ok() {
+                        clean.lock().push(metadata);
+                    }
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.join().unwrap();
+    }
+    // The refresher is joined with the locker: every call it was to make is made.
+    drop(locker);
+    let (told, clean) = (told.lock().clone(), clean.lock().clone());
+    assert!(
+        clean.len() > 120,
+        "most holds were given up cleanly: {}",
+        clean.len()
+    );
+    let spurious: Vec<&String> = told.iter().filter(|m| clean.contains(m)).collect();
+    assert!(
+        spurious.is_empty(),
+        "told lost after a clean release: {spurious:?}"
+    );
+}

@@ -417,3 +417,50 @@ fn refresher_thread_per_locker_child() {
     drop((second, other));
     threads(0, "joined with the last locker");
 }
+
+/// A lease of 1,000 years or of `MAX_TTL` is refreshed once a period like any other (a
+/// third of a capped 100 years): holding it costs no commands at all for seconds.
+#[test]
+fn huge_leases_cost_one_refresh_per_period() {
+    let server = RedisServer::start();
+    let locker = locker(&server);
+    let semaphore = locker.semaphore("s", 10).unwrap();
+    let millennium = Duration::from_secs(1000 * 365 * 24 * 3600);
+    let (mut locks, mut reads, mut permits) = (Vec::new(), Vec::new(), Vec::new());
+    for (i, ttl) in [millennium, redguard::MAX_TTL].into_iter().enumerate() {
+        let options = || LockOptions::default().ttl(ttl);
+        locks.push(locker.lock_with(&[format!("l{i}")], options()).unwrap());
+        reads.push(locker.read_with(&[format!("r{i}")], options()).unwrap());
+        permits.push(semaphore.acquire_with(options()).unwrap());
+    }
+    let before = server.evalsha_calls();
+    thread::sleep(Duration::from_secs(2));
+    let sent = server.evalsha_calls() - before;
+    assert!(sent <= 2, "{sent} script calls in 2 s for 6 huge leases");
+    assert!(locks.iter().all(|g| !g.is_lost()) && reads.iter().all(|g| !g.is_lost()));
+    assert!(permits.iter().all(|p| !p.is_lost()));
+}
+
+/// A refresh by hand while the refresher's own may be in flight: one waits for the other,
+/// so the guard never counts on a longer TTL than the server applied last.
+#[test]
+fn a_refresh_by_hand_never_overlaps_the_refreshers() {
+    let server = RedisServer::start();
+    let guard = locker(&server)
+        .lock_with(&["k"], auto(Duration::from_millis(90)))
+        .unwrap();
+    for round in 0..60 {
+        guard.refresh(Duration::from_millis(90)).unwrap();
+        // About when the refresher's next refresh (at a third of the TTL) is under way.
+        thread::sleep(Duration::from_millis(25 + round % 10));
+        guard.refresh(Duration::from_secs(10)).unwrap();
+        let asked = Instant::now();
+        let believed = guard.valid_for();
+        let pttl = server.query::<u64>(&["PTTL", "k"]);
+        let slack = asked.elapsed() + Duration::from_millis(1);
+        assert!(
+            believed <= Duration::from_millis(pttl) + slack,
+            "round {round}: the guard counts on {believed:?}, the server has {pttl} ms"
+        );
+    }
+}
