@@ -4,7 +4,8 @@
 -- bytes (a random token, or a fixed one as '<length>:<token>': never the start of another);
 -- ARGV[3]: the TTL in milliseconds; ARGV[4]: '1' for fencing tokens, else '0'; ARGV[5],
 -- for a hand-over only (else ''): the releasing guard's value, which every key must still
--- hold, and which ours then replaces (a fresh acquisition: new fencing tokens); ARGV[6],
+-- hold, and which ours then replaces (a fresh acquisition: new fencing tokens; a repeat
+-- that finds every key ours already answers as a re-obtain); ARGV[6],
 -- for a caller that waits if the keys are held (else ''): the value to record its intent
 -- by, the waiter's own for all its attempts. When readers (see read/acquire.lua) are all
 -- that holds the keys, each key they share records the intent, and new readers wait
@@ -60,15 +61,24 @@ end
 local over = ARGV[5] ~= '' and ARGV[5]
 local fresh
 if over then
-  -- A hand-over: only from the releasing guard, on every key, to us.
+  -- A hand-over: only from the releasing guard, on every key, to us. Every key ours
+  -- already is this hand-over run again after its reply was lost (the waiter, asleep
+  -- until told, sends nothing meanwhile): re-obtained below, with the fences it got.
   local values = redis.call('mget', unpack(KEYS, 1, n))
+  local ours = 0
   for i = 1, n do
-    if values[i] ~= over then
+    if values[i] == ARGV[1] then
+      ours = ours + 1
+    elseif values[i] ~= over then
       return 0
     end
   end
-  redis.call('mset', unpack(args))
-  fresh = true
+  if ours == 0 then
+    redis.call('mset', unpack(args))
+    fresh = true
+  elseif ours < n then
+    return 0
+  end
 else
   fresh = redis.call('msetnx', unpack(args)) == 1
 end

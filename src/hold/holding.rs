@@ -222,15 +222,29 @@ impl Holding {
             replicas: offer.replicas,
         };
         let sent_at = Instant::now();
-        if let Some(Ok(Acquired::Yes { fences, .. })) = self.shared.backend.hand_over(&attempt) {
-            claim.handed(fences, sent_at);
-            return Ok(true);
-        }
-        // Not handed over (the lock was gone, Redis failed, or the backend cannot): released
-        // as usual, and only then is the waiter told to attempt by itself.
-        let released = self.release_for_real();
+        let failed = match self.shared.backend.hand_over(&attempt) {
+            Some(Ok(Acquired::Yes { fences, .. })) => {
+                claim.handed(fences, sent_at);
+                return Ok(true);
+            }
+            Some(Err(failed)) => failed,
+            // Not handed over (the lock was gone, or the backend cannot): released as
+            // usual, and only then is the waiter told to attempt by itself.
+            _ => {
+                let released = self.release_for_real();
+                drop(claim);
+                return released;
+            }
+        };
+        // Redis failed: the waiter goes on by itself at once (the claim has kept it a
+        // round trip already; it hears the release below, or finds the keys free).
         drop(claim);
-        released
+        match self.release_for_real() {
+            // The keys are not ours: the hand-over may have run without an answer (the
+            // waiter holds them) or not (the lock was lost). Say what is known.
+            Ok(false) => Err(failed),
+            released => released,
+        }
     }
 
     /// The release script of the hold's kind, announcing the release to every waiter.

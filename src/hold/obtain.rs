@@ -259,6 +259,15 @@ fn attempts(
                 quick = QUICK_RETRIES;
             }
             Wake::Turn => stats::woken("turn"),
+            Wake::Declined => {
+                stats::woken("turn");
+                // Kept past the deadline by a hand-over that failed (a frozen server): no
+                // attempt now, or the call would wait out a second round trip.
+                if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+                    log::debug!("redguard: {keys:?} not obtained: a hand-over failed");
+                    return Err(Error::NotObtained);
+                }
+            }
             Wake::Timeout => stats::woken("timeout"),
         }
     };

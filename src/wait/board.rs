@@ -91,9 +91,13 @@ pub(crate) enum Wake {
     Released,
     /// The lock was handed over by a releasing guard of this locker: it is held.
     Handed { fences: Vec<u64>, sent_at: Instant },
-    /// Attempt now: the waiter became first in line as the one ahead gave up, the
-    /// subscription to its keys was (re)confirmed, or a hand-over was declined.
+    /// Attempt now: the waiter became first in line as the one ahead gave up, or the
+    /// subscription to its keys was (re)confirmed.
     Turn,
+    /// A releasing guard of this locker claimed the waiter for a hand-over and could not
+    /// make it (the lock was gone, or Redis failed): attempt, unless the wait is over (the
+    /// claim may have kept the waiter past its deadline, for the hand-over's round trip).
+    Declined,
     /// The wait ran out.
     Timeout,
 }
@@ -147,7 +151,7 @@ impl<'a> Ticket<'a> {
         let wake = loop {
             match state.lines.take_handover(self.id) {
                 Some(Handover::Done { fences, sent_at }) => break Wake::Handed { fences, sent_at },
-                Some(Handover::Declined) => break Wake::Turn,
+                Some(Handover::Declined) => break Wake::Declined,
                 None => {}
             }
             if state.lines.is_claimed(self.id) {

@@ -367,3 +367,45 @@ fn an_error_reply_redis_rs_has_no_kind_for_keeps_the_connection() {
     drop(locker.lock(&["k"]).unwrap());
     assert_eq!(connections(), before, "connections were made again");
 }
+
+/// The server freezes just as a holder hands the lock over to a waiter of its locker: the
+/// waiter's call still ends within its timeout and one I/O timeout (the hand-over's), not
+/// after the hand-over, the release and an attempt of its own have each timed out.
+#[test]
+fn a_wait_ends_in_time_when_the_server_freezes_during_a_hand_over() {
+    let server = RedisServer::start();
+    let io = Duration::from_secs(1);
+    let locker = Locker::builder()
+        .pool_size(2)
+        .io_timeout(io)
+        .checkout_timeout(2 * io)
+        .build(server.url())
+        .unwrap();
+    let holder = locker
+        .lock_with(&["k"], LockOptions::default().auto_refresh(false))
+        .unwrap();
+    let timeout = Duration::from_millis(300);
+    let waiter = {
+        let locker = locker.clone();
+        std::thread::spawn(move || {
+            let options = LockOptions::default()
+                .timeout(timeout)
+                .retry(redguard::Retry::linear(Duration::from_secs(10)));
+            timed(|| locker.lock_with(&["k"], options))
+        })
+    };
+    let subscribed = Instant::now();
+    while server.subscribers("redguard:released:k") == 0 {
+        assert!(subscribed.elapsed() < LIMIT, "the waiter never waited");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    server.pause();
+    let dropped = std::thread::spawn(move || timed(|| drop(holder)).1);
+    let (result, took) = waiter.join().unwrap();
+    let drop_took = dropped.join().unwrap();
+    server.resume();
+    assert!(result.is_err(), "{result:?}");
+    // Less than half an I/O timeout of slack: one more round trip would show.
+    assert!(took < timeout + io + io * 2 / 5, "took {took:?}");
+    assert!(drop_took < LIMIT, "the drop is bounded too: {drop_took:?}");
+}

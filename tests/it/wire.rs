@@ -395,3 +395,46 @@ fn connections_cut_and_refused_give_errors_within_the_bounds_and_the_pool_recove
     assert!(guard.ttl().unwrap().is_some());
     guard.release().unwrap();
 }
+
+/// A hand-over to a waiter of the same locker whose reply is lost with its connection:
+/// the request is sent again and finds the keys the waiter's already. The releaser is told
+/// the truth (it held the lock to the end), and the waiter holds the lock.
+#[test]
+fn a_hand_over_sent_again_after_its_reply_was_lost_reports_it_held() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let locker = behind(&proxy);
+    let holder = locker
+        .lock_with(&["w:h"], LockOptions::default().auto_refresh(false))
+        .unwrap();
+    let holder_token = holder.token().to_owned();
+    let waiter = {
+        let locker = locker.clone();
+        thread::spawn(move || {
+            let patient = LockOptions::default()
+                .retry(Retry::linear(Duration::from_secs(10)))
+                .timeout(Duration::from_secs(20));
+            locker.lock_with(&["w:h"], patient)
+        })
+    };
+    eventually(Duration::from_secs(5), "the waiter waits", || {
+        server.subscribers("redguard:released:w:h") == 1
+    });
+    // The hand-over reaches the server, its reply does not; then the connection is cut,
+    // and the request goes out again on another.
+    proxy.drop_replies_after(0);
+    let releaser = thread::spawn(move || holder.release());
+    eventually(Duration::from_secs(5), "the hand-over ran", || {
+        stored(&server, "w:h").is_some_and(|value| !value.contains(&holder_token))
+    });
+    proxy.heal();
+    proxy.cut(Cut::Reset);
+    let released = releaser.join().unwrap();
+    assert!(
+        released.is_ok(),
+        "it held the lock to the end: {released:?}"
+    );
+    let next = waiter.join().unwrap().expect("the waiter holds the lock");
+    assert!(stored(&server, "w:h").unwrap().contains(next.token()));
+    next.release().unwrap();
+}
