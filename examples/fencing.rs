@@ -13,11 +13,8 @@ use std::sync::Mutex;
 use std::thread;
 use std::time::Duration;
 
+use redguard::testing::Server;
 use redguard::{LockOptions, Locker};
-
-#[allow(dead_code)] // the tests use more of the harness than the demo does
-#[path = "../tests/it/server.rs"]
-mod server;
 
 /// The protected resource: it checks the token, which the lock alone cannot do.
 #[derive(Default)]
@@ -41,7 +38,7 @@ impl Storage {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let (url, _server) = server::url_or_throwaway();
+    let (url, _server) = redis_url()?;
     let locker = Locker::connect(url.as_str())?;
     let storage = Storage::default();
     let ttl = Duration::from_millis(200);
@@ -64,4 +61,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     storage.write(a_token, "A", "from A");
     b.release()?;
     Ok(())
+}
+
+/// The server at `REDIS_URL` when set; otherwise a private one (`redguard::testing::Server`,
+/// feature `testing`), on a free loopback port, stopped when the returned `Server` drops.
+fn redis_url() -> std::io::Result<(String, Option<Server>)> {
+    if let Ok(url) = std::env::var("REDIS_URL") {
+        return Ok((url, None));
+    }
+    let server = Server::start()?;
+    println!(
+        "REDIS_URL is not set: started a throwaway redis-server at {}",
+        server.url()
+    );
+    Ok((server.url(), Some(server)))
 }

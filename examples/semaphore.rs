@@ -13,14 +13,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use redguard::testing::Server;
 use redguard::{LockOptions, Locker};
 
-#[allow(dead_code)] // the tests use more of the harness than the demo does
-#[path = "../tests/it/server.rs"]
-mod server;
-
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let (url, _server) = server::url_or_throwaway();
+    let (url, _server) = redis_url()?;
     let locker = Locker::builder().pool_size(10).build(url.as_str())?;
     let payments = locker.semaphore("demo:payments", 3)?;
     let inside = AtomicUsize::new(0);
@@ -77,4 +74,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     permit.release()?;
     Ok(())
+}
+
+/// The server at `REDIS_URL` when set; otherwise a private one (`redguard::testing::Server`,
+/// feature `testing`), on a free loopback port, stopped when the returned `Server` drops.
+fn redis_url() -> std::io::Result<(String, Option<Server>)> {
+    if let Ok(url) = std::env::var("REDIS_URL") {
+        return Ok((url, None));
+    }
+    let server = Server::start()?;
+    println!(
+        "REDIS_URL is not set: started a throwaway redis-server at {}",
+        server.url()
+    );
+    Ok((server.url(), Some(server)))
 }
