@@ -204,7 +204,7 @@ pub use builder::LockerBuilder;
 pub use error::{Error, Result};
 pub use guard::LockGuard;
 pub use holder::Holder;
-pub use locker::Locker;
+pub use locker::{Locker, WeakLocker};
 pub use lost::Lost;
 pub use options::{LockOptions, MAX_KEYS, MAX_TTL};
 pub use permit::Permit;

@@ -1,5 +1,5 @@
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use redis::{Client, IntoConnectionInfo};
@@ -220,6 +220,35 @@ impl Locker {
 
     pub(crate) fn shared(&self) -> &Arc<Shared> {
         &self.shared
+    }
+
+    /// A handle on this locker that does not keep it alive: for an
+    /// [`on_lost`](LockerBuilder::on_lost) callback that needs the locker (see there).
+    pub fn downgrade(&self) -> WeakLocker {
+        WeakLocker {
+            shared: Arc::downgrade(&self.shared),
+        }
+    }
+}
+
+/// A [`Locker`] that does not keep it alive, made by [`Locker::downgrade`], as `Weak` is
+/// to `Arc`. An [`on_lost`](LockerBuilder::on_lost) callback that held a `Locker` would
+/// keep it alive for ever (its refresher holds the callback), with its threads.
+#[derive(Clone)]
+pub struct WeakLocker {
+    shared: Weak<Shared>,
+}
+
+impl WeakLocker {
+    /// The locker, while a [`Locker`] or one of its guards still lives.
+    pub fn upgrade(&self) -> Option<Locker> {
+        self.shared.upgrade().map(|shared| Locker { shared })
+    }
+}
+
+impl fmt::Debug for WeakLocker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WeakLocker").finish_non_exhaustive()
     }
 }
 

@@ -148,6 +148,29 @@ impl LockerBuilder {
     ///     .build("redis://127.0.0.1/")?;
     /// # Ok(()) }
     /// ```
+    ///
+    /// `f` must not own the [`Locker`] (or a guard): the locker owns `f`, so neither would
+    /// ever be dropped, and its threads would never stop. A callback that needs the
+    /// locker holds a [`WeakLocker`](crate::WeakLocker) instead:
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), redguard::Error> {
+    /// use std::sync::{Arc, OnceLock};
+    /// let weak: Arc<OnceLock<redguard::WeakLocker>> = Arc::default();
+    /// let locker = redguard::Locker::builder()
+    ///     .on_lost({
+    ///         let weak = Arc::clone(&weak);
+    ///         move |lost| {
+    ///             if let Some(locker) = weak.get().and_then(|weak| weak.upgrade()) {
+    ///                 // Say who holds the keys now (quickly: this is the refresher).
+    ///                 eprintln!("{:?}: {:?}", lost.keys(), locker.holders(&lost.keys()[0]));
+    ///             }
+    ///         }
+    ///     })
+    ///     .build("redis://127.0.0.1/")?;
+    /// let _ = weak.set(locker.downgrade());
+    /// # Ok(()) }
+    /// ```
     pub fn on_lost(mut self, f: impl Fn(&Lost) + Send + Sync + 'static) -> Self {
         self.on_lost = Some(OnLost(Arc::new(f)));
         self

@@ -170,6 +170,11 @@ impl Drop for Refresher {
         self.state.schedule.lock().stopping = true;
         self.state.wake.notify_all();
         if let Some(handle) = self.thread.get_mut().take() {
+            // Dropped on the thread itself (by an on_lost callback that upgraded a
+            // WeakLocker, the last to let go): it ends by itself once this returns.
+            if handle.thread().id() == thread::current().id() {
+                return;
+            }
             // The thread's waits are bounded by the pool's timeouts, so this join is too.
             // It cannot panic, and if it did there is nothing left to tell.
             let _ = handle.join();

@@ -230,3 +230,49 @@ fn holds_given_up_cleanly_are_never_told_lost() {
         "told lost after a clean release: {spurious:?}"
     );
 }
+
+/// An `on_lost` that needs the locker holds a `WeakLocker`: it can use the locker while
+/// it lives, and the locker's threads still stop with it.
+#[cfg(target_os = "linux")]
+#[test]
+fn an_on_lost_holding_a_weak_locker_lets_it_go() {
+    in_child_process("lost::weak_locker_child");
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+#[ignore = "run by an_on_lost_holding_a_weak_locker_lets_it_go"]
+fn weak_locker_child() {
+    use std::sync::OnceLock;
+    assert_eq!(std::env::var("REDGUARD_CHILD").as_deref(), Ok("1"));
+    let server = RedisServer::start();
+    let weak: Arc<OnceLock<redguard::WeakLocker>> = Arc::default();
+    let asked = Arc::new(AtomicUsize::new(0));
+    let locker = {
+        let (weak, asked) = (Arc::clone(&weak), Arc::clone(&asked));
+        Locker::builder()
+            .on_lost(move |lost| {
+                let locker = weak.get().and_then(|weak| weak.upgrade());
+                if let Some(locker) = locker
+                    && locker.holders(&lost.keys()[0]).is_ok()
+                {
+                    asked.fetch_add(1, Ordering::SeqCst);
+                }
+            })
+            .build(server.url())
+            .unwrap()
+    };
+    weak.set(locker.downgrade()).unwrap();
+    let guard = locker.lock_with(&["k"], short()).unwrap();
+    server.query::<u32>(&["DEL", "k"]);
+    eventually(
+        Duration::from_secs(3),
+        "the callback used the locker",
+        || asked.load(Ordering::SeqCst) == 1,
+    );
+    drop((guard, locker));
+    eventually(Duration::from_secs(3), "the locker's threads stop", || {
+        crate::threads_named("redguard-refresher") == 0
+    });
+    assert!(weak.get().unwrap().upgrade().is_none());
+}
