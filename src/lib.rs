@@ -181,7 +181,7 @@ mod builder; // LockerBuilder: pool, timeouts, prefix, TLS; builds on one server
 mod error; // Error: held elsewhere, lost, bad input, wrong type, Redis unavailable
 mod guard; // LockGuard: a held lock; refresh, ttl, release, released on drop
 mod holder; // Holder: what anyone may see of a live hold; Locker::holders
-mod locker; // Locker: lock, try_lock, lock_with, read, try_read, read_with, semaphore
+mod locker; // Locker (and WeakLocker): lock, try_lock, lock_with, read, try_read, read_with, semaphore
 mod lost; // Lost: what on_lost is told of a hold found lost
 mod options; // LockOptions, and the checks of keys, TTLs and tokens
 mod permit; // Permit: a held permit of a semaphore, given back on drop
@@ -192,6 +192,7 @@ mod semaphore; // Semaphore: at most N holders of a name; acquire, available, ho
 // The machinery under them.
 mod backend; // how a request reaches Redis: scripts, pools, one server, quorum, cluster
 mod hold; // any hold (lock, read lock, permit): the waiting loop, its state, token, refresher
+mod shared; // Shared: what a locker and its guards share (backend, refresher, subscriber)
 mod stats; // what a locker counts, through the metrics facade (feature `metrics`)
 mod wait; // waiters woken by releases: the subscriber thread and its board
 

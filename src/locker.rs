@@ -5,10 +5,10 @@ use std::time::Duration;
 use redis::{Client, IntoConnectionInfo};
 
 use crate::backend::Backend;
-use crate::hold::{Kind, Refresher, Request, obtain};
+use crate::hold::{Kind, Request, obtain};
 use crate::lost::OnLost;
 use crate::options::{at_most_once, checked_keys};
-use crate::wait::Subscriber;
+use crate::shared::Shared;
 use crate::{Error, LockGuard, LockOptions, LockerBuilder, Result, Semaphore};
 
 /// Takes locks on Redis keys. A cheap `Clone` (an `Arc` inside), `Send + Sync`.
@@ -35,18 +35,6 @@ pub struct Locker {
     shared: Arc<Shared>,
 }
 
-/// What a locker and its guards share; gone (refresher thread joined) with the last of them.
-pub(crate) struct Shared {
-    pub(crate) backend: Backend,
-    pub(crate) default_ttl: Duration,
-    /// Put before every key (and fencing counter) in Redis.
-    pub(crate) prefix: String,
-    pub(crate) refresher: Refresher,
-    pub(crate) subscriber: Subscriber,
-    /// The longest a hold waits for its replicas' acknowledgement (WAIT's timeout).
-    pub(crate) replica_timeout: Duration,
-}
-
 impl Locker {
     /// A locker on `backend`, whose keys (and channels) start with `prefix`.
     pub(crate) fn new(
@@ -57,14 +45,13 @@ impl Locker {
         replica_timeout: Duration,
     ) -> Locker {
         Locker {
-            shared: Arc::new(Shared {
-                refresher: Refresher::new(backend.clone(), on_lost),
-                subscriber: Subscriber::new(backend.listen_pools(), &prefix),
+            shared: Arc::new(Shared::new(
                 backend,
                 default_ttl,
                 prefix,
+                on_lost,
                 replica_timeout,
-            }),
+            )),
         }
     }
 

@@ -3,8 +3,8 @@ use std::sync::Arc;
 
 use crate::backend::{HeldBy, Holds, KeyHolders};
 use crate::hold::{Kind, Request, obtain};
-use crate::locker::Shared;
 use crate::options::at_most_once;
+use crate::shared::Shared;
 use crate::{Error, Holder, LockOptions, Permit, Result};
 
 /// The largest limit a [`Semaphore`] may have.

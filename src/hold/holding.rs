@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use super::{Held, Kind, Timing};
 use crate::backend::{Acquired, Attempt, Refresh, Refreshed};
-use crate::locker::Shared;
 use crate::options::checked_ttl;
+use crate::shared::Shared;
 use crate::{Error, Result, stats};
 
 pub(crate) struct Holding {

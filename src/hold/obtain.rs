@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use super::{Held, Holding, Kind, Timing, later, owner_part, random_token};
 use crate::backend::{Acquired, Attempt, Replicas};
-use crate::locker::Shared;
 use crate::options::{checked_token, checked_ttl};
+use crate::shared::Shared;
 use crate::wait::{Offer, Seen, Ticket, Wake};
 use crate::{Error, LockOptions, Result, stats};
 

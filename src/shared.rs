@@ -1,0 +1,42 @@
+//! What a locker and its guards share: the backend, the refresher, the subscriber and
+//! the settings every hold reads. Its own file, so that the waiting loop and the guards
+//! (in `hold`) and the public types (in `locker`) both use it without using each other.
+
+use std::time::Duration;
+
+use crate::backend::Backend;
+use crate::hold::Refresher;
+use crate::lost::OnLost;
+use crate::wait::Subscriber;
+
+/// What a locker and its guards share; gone (refresher thread joined) with the last of them.
+pub(crate) struct Shared {
+    pub(crate) backend: Backend,
+    pub(crate) default_ttl: Duration,
+    /// Put before every key (and fencing counter) in Redis.
+    pub(crate) prefix: String,
+    pub(crate) refresher: Refresher,
+    pub(crate) subscriber: Subscriber,
+    /// The longest a hold waits for its replicas' acknowledgement (WAIT's timeout).
+    pub(crate) replica_timeout: Duration,
+}
+
+impl Shared {
+    /// What a locker on `backend` shares, its keys (and channels) starting with `prefix`.
+    pub(crate) fn new(
+        backend: Backend,
+        default_ttl: Duration,
+        prefix: String,
+        on_lost: Option<OnLost>,
+        replica_timeout: Duration,
+    ) -> Shared {
+        Shared {
+            refresher: Refresher::new(backend.clone(), on_lost),
+            subscriber: Subscriber::new(backend.listen_pools(), &prefix),
+            backend,
+            default_ttl,
+            prefix,
+            replica_timeout,
+        }
+    }
+}
