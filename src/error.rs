@@ -35,13 +35,18 @@ pub enum Error {
         /// The type Redis reports for it (`list`, `hash`, `set`, ...).
         kind: String,
     },
-    /// Redis answered with an error, or the connection failed or timed out.
+    /// Redis answered with an error, or the connection failed or timed out (a
+    /// [`redis::RedisError`]; its words end the message, so it is not also the
+    /// [`source`](std::error::Error::source)).
     Redis(redis::RedisError),
-    /// No connection could be checked out of the pool within its timeout.
+    /// No connection could be checked out of the pool within its timeout (an
+    /// [`r2d2::Error`]).
     Pool(r2d2::Error),
-    /// The OS random generator failed, so no token could be made.
+    /// The OS random generator failed, so no token could be made (a
+    /// [`getrandom::Error`]).
     Random(getrandom::Error),
-    /// The background refresher thread could not be started; the lock was released.
+    /// The background refresher thread could not be started; the lock was released (a
+    /// [`std::io::Error`]).
     Refresher(std::io::Error),
     /// Fewer replicas than [`LockOptions::replicas`](crate::LockOptions::replicas) asked
     /// for acknowledged the hold within the replica timeout. From an acquire: what it took
@@ -75,7 +80,9 @@ impl fmt::Display for Error {
                 "key {key:?} holds a Redis {kind}, not a lock, and was left untouched \
                  (lock another key or delete it)"
             ),
-            Error::Redis(e) => f.write_str(redis_says(e)),
+            // The cause is said here, not chained by `source`: a reader who sees only this
+            // line (the command prints only it) needs the server's own words.
+            Error::Redis(e) => write!(f, "{}: {e}", redis_says(e)),
             Error::Pool(_) => f.write_str(
                 "no redis connection available within the checkout timeout \
                  (check that the server is up, or raise pool_size)",
@@ -97,7 +104,8 @@ impl fmt::Display for Error {
     }
 }
 
-/// What a Redis error means to the user, in a few words (the error itself is the cause).
+/// What a Redis error means to the user, in a few words, with what to check; the error's
+/// own words follow it in the message.
 fn redis_says(e: &redis::RedisError) -> &'static str {
     #[cfg(feature = "tls")]
     if crate::backend::tls::is_certificate_error(e) {
@@ -105,25 +113,30 @@ fn redis_says(e: &redis::RedisError) -> &'static str {
                 check the host name in the URL)";
     }
     if e.is_connection_refusal() {
-        "redis refused the connection: nothing listens at that address (check the host and port)"
+        "redis refused the connection: nothing listens there (check the host and port, and \
+         that the server is up)"
     } else if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() {
         "redis is unreachable or not answering (check the host name and port, and that the \
          server is up)"
-    } else if e.kind() == redis::ErrorKind::AuthenticationFailed {
+    } else if e.kind() == redis::ErrorKind::AuthenticationFailed || e.code() == Some("NOAUTH") {
         "redis refused the credentials (check the user name and password)"
     } else if e.detail().is_some_and(|d| d.starts_with("DB index")) {
         "redis has no such database (check the number at the end of the URL)"
     } else if e.code() == Some("NOPERM") {
-        "redis refused a command or key to this user (check its ACL: see the cause)"
+        "redis refused a command or key to this user (check its ACL)"
+    } else if e.kind() == redis::ErrorKind::Parse {
+        "the server does not answer as Redis does (is that the Redis port?)"
     } else {
-        "redis refused the request (see the cause: permissions, memory, a busy script?)"
+        "redis refused the request"
     }
 }
 
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Error::Redis(e) => Some(e),
+            // Its words are in the message already (and redis-rs chains its own cause,
+            // whose words it repeats): nothing further.
+            Error::Redis(_) => None,
             Error::Pool(e) => Some(e),
             Error::Random(e) => Some(e),
             Error::Refresher(e) => Some(e),
@@ -171,11 +184,27 @@ mod tests {
     }
 
     #[test]
-    fn source_chains_the_redis_error() {
+    fn a_redis_error_says_its_cause_once() {
         use std::error::Error as _;
-        let io = std::io::Error::new(std::io::ErrorKind::TimedOut, "timed out");
+        let io = std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            "127.0.0.1:1: Connection refused",
+        );
         let err = Error::Redis(io.into());
-        assert!(err.source().is_some());
+        let shown = err.to_string();
+        assert!(shown.starts_with("redis refused the connection"), "{shown}");
+        assert_eq!(shown.matches("127.0.0.1:1: Connection refused").count(), 1);
+        assert!(err.source().is_none(), "not chained again");
+        let refused = redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+            "An error was signalled by the server",
+            "OOM command not allowed".to_string(),
+        ));
+        assert!(
+            Error::Redis(refused)
+                .to_string()
+                .contains("OOM command not allowed")
+        );
         assert!(Error::NotObtained.source().is_none());
     }
 }
