@@ -7,7 +7,8 @@
 -- hold, and which ours then replaces (a fresh acquisition: new fencing tokens; a repeat
 -- that finds every key ours already answers as a re-obtain); ARGV[6],
 -- for a caller that waits if the keys are held (else ''): the value to record its intent
--- by, the waiter's own for all its attempts. When readers (see read/acquire.lua) are all
+-- by, the waiter's own for all its attempts; ARGV[7]: how long (ms) an intent lives
+-- unless an attempt renews it (the TTL if shorter). When readers (see read/acquire.lua) are all
 -- that holds the keys, each key they share records the intent, and new readers wait
 -- behind it; when another lock holds a key, the intent is taken back from every key.
 -- Returns 1 when every key is now ours (with fencing: {'fences', token per key}), 2 when
@@ -136,11 +137,14 @@ if not fresh then
   if taken or #shared > 0 then
     -- Held: by readers, who see our intent from now on (if we wait), or by another owner.
     if intent and #shared > 0 then
-      local expiry = string.format('%.0f', now + ttl)
+      -- Short-lived, renewed by each attempt of the waiting lock: one whose process died
+      -- holds new readers off only so long.
+      local lifetime = math.min(ttl, tonumber(ARGV[7]) or ttl)
+      local expiry = string.format('%.0f', now + lifetime)
       for _, key in ipairs(shared) do
         redis.call('zadd', key, '-' .. expiry, intent)
         -- The key lives as long as its last reader or intent.
-        if redis.call('pttl', key) < ttl then
+        if redis.call('pttl', key) < lifetime then
           redis.call('pexpireat', key, expiry)
         end
       end

@@ -3,7 +3,7 @@
 -- for only how many.
 -- Returns {what, fence, value, ms, value, ms, ...} ({what, fence, n} for 'count'): what
 -- is 'free', 'lock' (one value; ms -1 when the key has no TTL), 'read' (each live reader,
--- see read/acquire.lua) or 'semaphore' (each live permit, see semaphore/acquire.lua);
+-- see read/acquire.lua, then each writer waiting for them: '!' and its value) or 'semaphore' (each live permit, see semaphore/acquire.lua);
 -- fence is the counter as it is, or -1 when there is none, or it is not a counter, or
 -- the key is a semaphore (its permits have no counter value of their own); ms are left on
 -- the server's clock, the first to expire first. Or {'wrongtype', key, type}.
@@ -43,6 +43,16 @@ elseif kind == 'zset' then
   for i = 1, #live, 2 do
     reply[#reply + 1] = live[i]
     reply[#reply + 1] = tonumber(live[i + 1]) - now
+  end
+  if what == 'read' then
+    -- Then the writers waiting for these readers: each intent, '!' and its value, scored
+    -- by minus its expiry (see acquire.lua); the marker's -inf is no intent.
+    local before = '(' .. string.format('%.0f', -now)
+    local waiting = redis.call('zrevrangebyscore', KEYS[1], before, '(-inf', 'withscores')
+    for i = 1, #waiting, 2 do
+      reply[#reply + 1] = waiting[i]
+      reply[#reply + 1] = -tonumber(waiting[i + 1]) - now
+    end
   end
   return reply
 end

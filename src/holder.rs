@@ -14,20 +14,26 @@ pub struct Holder {
     metadata: String,
     ttl: Option<Duration>,
     shared: bool,
+    waiting: bool,
     fence: Option<u64>,
 }
 
 impl Holder {
     /// The holders a holders script listed (their values and TTLs): each one's metadata,
-    /// never its token.
+    /// never its token. A value marked `!` is a writer's intent: a lock waiting for the
+    /// readers, not shared.
     pub(crate) fn listed(holds: Holds, shared: bool, fence: Option<u64>) -> Vec<Holder> {
         holds
             .into_iter()
-            .map(|(value, ttl)| Holder {
-                metadata: metadata_of(&value).to_owned(),
-                ttl,
-                shared,
-                fence,
+            .map(|(value, ttl)| {
+                let intent = value.strip_prefix('!');
+                Holder {
+                    metadata: metadata_of(intent.unwrap_or(&value)).to_owned(),
+                    ttl,
+                    shared: shared && intent.is_none(),
+                    waiting: intent.is_some(),
+                    fence,
+                }
             })
             .collect()
     }
@@ -50,6 +56,14 @@ impl Holder {
         self.shared
     }
 
+    /// Whether this is no holder yet but a lock waiting for the readers of the key to
+    /// leave: new readers wait behind it. Listed after the readers, for as long as its
+    /// intent lives (the waiting lock renews it; one whose process died is gone within
+    /// about 2 s). Its `ttl` is that of the intent.
+    pub fn waiting(&self) -> bool {
+        self.waiting
+    }
+
     /// The key's fencing counter as it is now, when it has one: for a lock taken with
     /// fencing, its own token; for a reader, the token of the last lock taken on the key.
     /// `None` without a counter, for a permit, and on a quorum of servers.
@@ -62,7 +76,8 @@ impl Holder {
 impl Locker {
     /// Who holds `key` now, for an operator: empty when it is free; one [`Holder`] for a
     /// lock; one per live reader for a read lock, or per live permit when `key` is a
-    /// semaphore. One round trip (a read-only script); on a quorum of servers, the
+    /// semaphore; after the readers, each lock waiting for them ([`Holder::waiting`]). One
+    /// round trip (a read-only script); on a quorum of servers, the
     /// holders a majority of them agree on.
     ///
     /// ```no_run

@@ -16,7 +16,7 @@ use super::call::{Call, Lua};
 use super::fence::fence_key;
 use super::outcome::{Acquired, Released};
 use super::replicas::Replicas;
-use crate::hold::Kind;
+use crate::hold::{INTENT_LIFETIME, Kind};
 
 static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../../lua/acquire.lua")));
 static REFRESH: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../../lua/refresh.lua")));
@@ -97,8 +97,10 @@ pub(crate) fn acquire_call(attempt: &Attempt<'_>) -> Call {
     let mut args = vec![attempt.value, &owner_len, &ttl_ms, fencing];
     match attempt.kind {
         Kind::Lock => {
+            let intent_ms = INTENT_LIFETIME.as_millis().to_string();
             args.push(attempt.over.unwrap_or_default());
             args.push(attempt.intent.unwrap_or_default());
+            args.push(&intent_ms);
             Call::new(&ACQUIRE, &keys, &args)
         }
         Kind::Read => Call::new(&READ_ACQUIRE, &keys, &[attempt.value, &ttl_ms, fencing]),

@@ -19,6 +19,11 @@ use crate::{Error, LockOptions, Result, stats};
 const QUICK_PAUSE: Duration = Duration::from_millis(1);
 const QUICK_RETRIES: u32 = 3;
 
+/// How long a waiting lock's intent (recorded where readers share its keys, so that new
+/// readers wait behind it) lives unless renewed: the waiting loop renews it by an attempt
+/// at a third of this, so a waiter whose process died holds new readers off only so long.
+pub(crate) const INTENT_LIFETIME: Duration = Duration::from_secs(2);
+
 /// What to obtain: a hold of some kind on its keys.
 pub(crate) struct Request {
     pub(crate) kind: Kind,
@@ -105,7 +110,11 @@ fn attempts(
     let renew = !fixed_token && shared.backend.takes_back(keys);
     // A lock that may wait records its intent where readers share a key, so that new
     // readers wait behind it; taken back if it gives up (else it expires with its TTL).
-    let waits = kind == Kind::Lock && options.retry.waits();
+    // One that makes a single attempt (try_lock, a zero timeout) records none: it would
+    // only be taken back again, waking every waiting reader.
+    let waits = kind == Kind::Lock
+        && options.retry.waits()
+        && options.timeout.is_none_or(|timeout| !timeout.is_zero());
     let mut intent = Withdrawal {
         shared,
         keys,
@@ -194,7 +203,8 @@ fn attempts(
                     intent.value = Some(offer_value);
                     // Then the readers are gone, if they died; and the intent is renewed
                     // by the next attempt well before it expires.
-                    expires_in = Some(retry_in.min(Duration::from_millis(ttl_ms / 3)));
+                    let lifetime = INTENT_LIFETIME.min(Duration::from_millis(ttl_ms));
+                    expires_in = Some(retry_in.min(lifetime / 3));
                 }
                 Acquired::Busy { retry_in } => expires_in = Some(retry_in),
                 Acquired::Partial => partial = true,

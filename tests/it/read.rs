@@ -439,3 +439,113 @@ fn read_locks_are_refused_on_a_quorum() {
     let guard = redlock.lock(&["k"]).unwrap();
     assert!(matches!(guard.downgrade(), Err(Error::InvalidInput(_))));
 }
+
+/// How often the server ran `command` so far, scripts' calls included.
+fn calls(server: &RedisServer, command: &str) -> u64 {
+    let info: String = server.query(&["INFO", "commandstats"]);
+    info.lines()
+        .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_writer_waiting_for_readers_shows_in_holders_until_it_gives_up() {
+    let server = RedisServer::start();
+    let locker = locker(&server);
+    let reader = locker
+        .read_with(&["r"], LockOptions::default().metadata("reader"))
+        .unwrap();
+    let writer = {
+        let locker = locker.clone();
+        thread::spawn(move || {
+            let options = sleepy()
+                .metadata("writer")
+                .timeout(Duration::from_millis(1500));
+            locker.lock_with(&["r"], options).map(drop)
+        })
+    };
+    eventually(Duration::from_secs(3), "the writer shows", || {
+        locker.holders("r").unwrap().iter().any(|h| h.waiting())
+    });
+    let holders = locker.holders("r").unwrap();
+    let shown: Vec<_> = holders
+        .iter()
+        .map(|h| (h.metadata(), h.shared(), h.waiting()))
+        .collect();
+    assert_eq!(shown, [("reader", true, false), ("writer", false, true)]);
+    assert!(holders[1].ttl().unwrap() <= Duration::from_secs(2));
+    assert!(matches!(writer.join().unwrap(), Err(Error::NotObtained)));
+    let holders = locker.holders("r").unwrap();
+    assert!(holders.iter().all(|h| !h.waiting()), "{holders:?}");
+    reader.release().unwrap();
+}
+
+#[test]
+fn writers_that_do_not_wait_record_no_intent() {
+    let server = RedisServer::start();
+    let locker = locker(&server);
+    let _reader = locker.read(&["r"]).unwrap();
+    let published = calls(&server, "publish");
+    for _ in 0..5 {
+        assert!(locker.try_lock(&["r"]).unwrap().is_none());
+        let once = LockOptions::default().timeout(Duration::ZERO);
+        assert!(matches!(
+            locker.lock_with(&["r"], once),
+            Err(Error::NotObtained)
+        ));
+    }
+    // No intent written, so none taken back and announced (waking every waiting reader).
+    assert_eq!(calls(&server, "publish"), published);
+    assert!(locker.holders("r").unwrap().iter().all(|h| !h.waiting()));
+}
+
+/// A writer waiting behind a reader is killed (SIGKILL: nothing is taken back): new
+/// readers wait behind its intent only as long as the intent lives, about 2 s, not for
+/// the writer's TTL.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_killed_waiting_writer_holds_readers_off_only_briefly() {
+    let server = RedisServer::start();
+    let locker = locker(&server);
+    let _reader = locker.read(&["r"]).unwrap();
+    let mut writer = crate::child_test("read::waiting_writer_child")
+        .env("REDGUARD_CHILD", "1")
+        .env("REDGUARD_URL", server.url())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    eventually(Duration::from_secs(10), "the writer waits", || {
+        locker.holders("r").unwrap().iter().any(|h| h.waiting())
+    });
+    assert!(
+        locker.try_read(&["r"]).unwrap().is_none(),
+        "readers wait behind it"
+    );
+    writer.kill().unwrap();
+    writer.wait().unwrap();
+    let killed = Instant::now();
+    let next = loop {
+        if let Some(next) = locker.try_read(&["r"]).unwrap() {
+            break next;
+        }
+        assert!(killed.elapsed() < Duration::from_secs(5), "still held off");
+        thread::sleep(Duration::from_millis(20));
+    };
+    assert!(
+        killed.elapsed() < Duration::from_millis(2500),
+        "{:?}",
+        killed.elapsed()
+    );
+    next.release().unwrap();
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+#[ignore = "run by a_killed_waiting_writer_holds_readers_off_only_briefly"]
+fn waiting_writer_child() {
+    assert_eq!(std::env::var("REDGUARD_CHILD").as_deref(), Ok("1"));
+    let locker = Locker::connect(std::env::var("REDGUARD_URL").unwrap()).unwrap();
+    // Waits (default TTL: 30 s) until killed.
+    let _ = locker.lock_with(&["r"], sleepy().timeout(Duration::from_secs(60)));
+}
