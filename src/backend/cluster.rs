@@ -15,10 +15,10 @@ use redis::cluster::{ClusterClient, ClusterConnection};
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{ConnectionLike, ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
 
+use super::bounds::Bounds;
 use super::fence::fence_key;
 use super::masters::Masters;
 use super::outcome::{Acquired, Refreshed, Released};
-use super::pool::Bounds;
 use super::replicas::{self, Replicas};
 use super::scripts::{self, Attempt, Refresh};
 use super::slot::{by_slot, slot};

@@ -2,10 +2,11 @@
 //! independent ones (Redlock), or a Redis Cluster. Each operation is the same script
 //! everywhere (`scripts`, from `lua/`); only how it reaches Redis differs. [`Backend`]
 //! dispatches; `call` sends a script (EVALSHA, EVAL on NOSCRIPT); `introspect` asks who
-//! holds what; `outcome` holds what every backend answers; `pool` gives bounded
-//! connections; `quorum` fans a request out to every node and counts the votes;
-//! `cluster` (with `slot`, `masters` and `fence`) routes by hash slot.
+//! holds what; `outcome` holds what every backend answers; `pool` gives connections
+//! bounded by the timeouts of `bounds`; `quorum` fans a request out to every node and
+//! counts the votes; `cluster` (with `slot`, `masters` and `fence`) routes by hash slot.
 
+mod bounds;
 mod call;
 mod cluster;
 mod fence;
@@ -24,12 +25,13 @@ pub(crate) mod tls;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub(crate) use bounds::Bounds;
 pub(crate) use cluster::ClusterPool;
 pub(crate) use fence::fence_key;
 pub(crate) use introspect::{HeldBy, Holds, KeyHolders};
 pub(crate) use outcome::{Acquired, Refreshed, Released};
+pub(crate) use pool::Pool;
 pub use pool::SocketTimeouts;
-pub(crate) use pool::{Bounds, Pool};
 pub(crate) use quorum::Quorum;
 pub(crate) use replicas::{MAX_REPLICAS, Replicas};
 pub(crate) use scripts::{Attempt, Refresh};

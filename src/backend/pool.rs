@@ -10,16 +10,9 @@ use r2d2::PooledConnection;
 use redis::{Client, Connection, ConnectionLike, RedisError, RedisResult, Value};
 use scheduled_thread_pool::{OnPoolDropBehavior, ScheduledThreadPool};
 
+use super::bounds::Bounds;
 use super::sentinel::Sentinels;
 use crate::Result;
-
-/// The timeouts that bound every wait on the network.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Bounds {
-    pub(crate) connect: Duration,
-    pub(crate) io: Duration,
-    pub(crate) checkout: Duration,
-}
 
 /// A pool the locker built itself (connects bounded too), or one the caller handed over.
 #[derive(Clone)]

@@ -23,7 +23,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use redis::{Client, Connection, ConnectionAddr, RedisResult};
 
-use super::pool::Bounds;
+use super::bounds::Bounds;
 
 /// A sentinel's announcement of a new master: `<name> <old ip> <old port> <new ip> <new
 /// port>`. The sentinel that led the failover sends it last, after reconfiguring the
