@@ -16,6 +16,7 @@ mod outcome;
 mod pool;
 mod quorum;
 mod replicas;
+mod request;
 mod scripts;
 mod sentinel;
 mod slot;
@@ -33,8 +34,7 @@ pub(crate) use outcome::{Acquired, Refreshed, Released};
 pub(crate) use pool::Pool;
 pub use pool::SocketTimeouts;
 pub(crate) use quorum::Quorum;
-pub(crate) use replicas::{MAX_REPLICAS, Replicas};
-pub(crate) use scripts::{Attempt, Refresh};
+pub(crate) use request::{Attempt, MAX_REPLICAS, Refresh, Replicas};
 pub(crate) use sentinel::Sentinels;
 pub(crate) use slot::slot;
 

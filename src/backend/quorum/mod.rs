@@ -25,7 +25,8 @@ use super::call::Call;
 use super::introspect::{self, HeldBy, KeyHolders};
 use super::outcome::{Acquired, Refreshed};
 use super::pool::Pool;
-use super::scripts::{self, Attempt, Refresh};
+use super::request::{Attempt, Refresh};
+use super::scripts;
 use crate::hold::{Kind, drift_ms};
 use crate::{Error, Result};
 
