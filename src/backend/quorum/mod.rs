@@ -13,6 +13,7 @@
 //! it is the vote's unit tests, which stay beside it.)
 
 mod fan_out;
+mod group;
 mod node;
 
 use std::time::{Duration, Instant};
@@ -20,21 +21,15 @@ use std::time::{Duration, Instant};
 use redis::{ErrorKind, RedisError, Value};
 
 use self::fan_out::{Ask, Replies};
-use self::node::{Node, refused};
+pub(crate) use self::group::Quorum;
+use self::node::refused;
 use super::call::Call;
 use super::introspect::{self, HeldBy, KeyHolders};
 use super::outcome::{Acquired, Refreshed};
-use super::pool::Pool;
 use super::request::{Attempt, Refresh};
 use super::scripts;
 use crate::hold::{Kind, drift_ms};
 use crate::{Error, Result};
-
-pub(crate) struct Quorum {
-    nodes: Vec<Node>,
-    /// The longest the replies to one request may take, all nodes together.
-    timeout: Duration,
-}
 
 /// What the nodes answered to one acquisition attempt.
 #[derive(Debug, Default)]
@@ -83,27 +78,6 @@ fn decide(tally: Tally, majority: usize, in_time: bool) -> Result<Acquired> {
 }
 
 impl Quorum {
-    pub(crate) fn new(pools: Vec<Pool>, timeout: Duration) -> Quorum {
-        let nodes = pools.into_iter().map(Node::new).collect();
-        Quorum { nodes, timeout }
-    }
-
-    /// How many nodes make a majority.
-    pub(crate) fn majority(&self) -> usize {
-        self.nodes.len() / 2 + 1
-    }
-
-    /// Every node's pool, in the order requests are sent.
-    pub(crate) fn pools(&self) -> Vec<Pool> {
-        self.nodes.iter().map(|node| node.pool.clone()).collect()
-    }
-
-    /// The longest an acquisition may take, reply wait and a slow node's retry included
-    /// (see [`Node::receive`]); a TTL must leave room for it.
-    pub(crate) fn longest_attempt(&self) -> Duration {
-        self.timeout * 3 / 2
-    }
-
     /// `Ok` when a majority of the nodes answer a PING; else one of the failures.
     pub(crate) fn ping(&self) -> Result<()> {
         let ping = Call::command(redis::cmd("PING"));
