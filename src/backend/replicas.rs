@@ -1,24 +1,13 @@
 //! Holds that count only once replicas have them: `WAIT` after the write, on the same
 //! connection (WAIT counts the replicas that acknowledged that connection's writes).
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use redis::{ConnectionLike, RedisResult};
 
 use super::outcome::{Acquired, Refreshed};
-use super::scripts::{self, Attempt, Refresh};
-
-/// The most replicas a hold may wait for: far more than any master has.
-pub(crate) const MAX_REPLICAS: u32 = 100;
-
-/// How many replicas must acknowledge a hold's writes, and how long to wait for them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Replicas {
-    pub(crate) wanted: u32,
-    /// WAIT's own timeout (at least 1 ms: `WAIT n 0` would block for ever), kept below
-    /// the connection's read timeout.
-    pub(crate) timeout: Duration,
-}
+use super::request::{Attempt, Refresh, Replicas};
+use super::scripts;
 
 /// The WAIT command for `replicas`.
 pub(crate) fn wait_cmd(replicas: Replicas) -> redis::Cmd {

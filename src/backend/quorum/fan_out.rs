@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use redis::{ErrorKind, RedisError, Value};
 
-use super::Quorum;
+use super::group::Quorum;
 use super::node::{Node, not_asked, refused};
 use crate::backend::call::{Call, is_noscript};
 use crate::backend::pool::Conn;
