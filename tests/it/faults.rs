@@ -409,3 +409,63 @@ fn a_wait_ends_in_time_when_the_server_freezes_during_a_hand_over() {
     assert!(took < timeout + io + io * 2 / 5, "took {took:?}");
     assert!(drop_took < LIMIT, "the drop is bounded too: {drop_took:?}");
 }
+
+/// The server goes away under a live locker (default bounds: a 3 s checkout timeout):
+/// once its connections are gone, each call fails at once with the socket's own words and
+/// the address, not after the checkout timeout with advice to raise the pool's size.
+#[test]
+fn a_server_gone_under_a_live_locker_fails_fast_saying_why_and_where() {
+    let mut server = RedisServer::start();
+    let port = server.port().to_string();
+    let locker = Locker::connect(server.url()).unwrap();
+    drop(locker.lock(&["k"]).unwrap());
+    server.kill();
+    // The first calls find the pooled connections dead (at once, as the server closed
+    // them), and throw them away.
+    let _ = locker.try_lock(&["k"]);
+    for _ in 0..3 {
+        let (result, took) = timed(|| locker.try_lock(&["k"]));
+        let err = result.unwrap_err();
+        assert!(matches!(err, Error::Redis(_)), "{err:?}");
+        let said = err.to_string();
+        assert!(said.contains("refused") && said.contains(&port), "{said}");
+        assert!(took < Duration::from_secs(1), "took {took:?}: {said}");
+    }
+}
+
+/// A server that wants a password the URL does not give: `connect` says so at once (the
+/// connection itself is accepted; every command is refused with NOAUTH).
+#[test]
+fn connect_without_the_password_the_server_wants_is_an_error_at_once() {
+    let server = RedisServer::start();
+    server.query::<()>(&["CONFIG", "SET", "requirepass", "s3cret"]);
+    let err = Locker::connect(server.url()).unwrap_err();
+    let said = err.to_string();
+    assert!(matches!(err, Error::Redis(_)), "{err:?}");
+    assert!(
+        said.contains("credentials") && said.contains("NOAUTH"),
+        "{said}"
+    );
+    let with = server.url().replace("redis://", "redis://:s3cret@");
+    assert!(Locker::connect(with).is_ok());
+}
+
+/// Something that is not Redis listens at the address: the error says so.
+#[test]
+fn connect_to_a_listener_that_is_not_redis_says_so() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let speaker = std::thread::spawn(move || {
+        if let Ok((mut con, _)) = listener.accept() {
+            use std::io::Write;
+            let _ = con.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n");
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    });
+    let err = tight()
+        .build(format!("redis://127.0.0.1:{port}/"))
+        .unwrap_err();
+    let said = err.to_string();
+    assert!(said.contains("not answer as Redis"), "{said}");
+    speaker.join().unwrap();
+}

@@ -62,8 +62,11 @@ impl Pool {
         let connector = BoundedClient { target, bounds };
         // One connection first, to report what went wrong at once (r2d2 would retry a
         // refused port or a wrong password until its checkout timeout, then report only
-        // that it timed out).
-        r2d2::ManageConnection::connect(&connector)?;
+        // that it timed out). A PING on it, as a server that wants a password the URL
+        // does not give accepts the connection and refuses every command (NOAUTH), and a
+        // listener that is not Redis answers in no shape Redis has.
+        let mut first = r2d2::ManageConnection::connect(&connector)?;
+        redis::cmd("PING").query::<()>(&mut first.con)?;
         let pool = r2d2::Pool::builder()
             .max_size(size)
             // r2d2 would PING on every checkout: a round trip more per lock operation.

@@ -106,13 +106,25 @@ impl Pool {
         }
     }
 
+    /// With no connection left in our own pool (the server went away), whether one can
+    /// be made now: if not, the error that says why, at once, rather than a wait for the
+    /// whole checkout timeout and an error that blames the pool's size. (The connection
+    /// made is not kept: r2d2 takes none from outside. Only while the pool is empty.)
+    fn connectable(pool: &r2d2::Pool<BoundedClient>, connector: &BoundedClient) -> Result<()> {
+        if pool.state().connections == 0 {
+            r2d2::ManageConnection::connect(connector)?;
+        }
+        Ok(())
+    }
+
     /// A connection, waiting at most `wait` (and never longer than the checkout timeout).
     pub(crate) fn get_within(&self, wait: Duration) -> Result<Conn> {
         if let Some(con) = self.try_get() {
             return Ok(con);
         }
         Ok(match self {
-            Pool::Own { pool, .. } => {
+            Pool::Own { pool, connector } => {
+                Pool::connectable(pool, connector)?;
                 let wait = wait.min(pool.connection_timeout());
                 let deadline = Instant::now() + wait;
                 let next = || Ok(pool.get_timeout(remaining(deadline))?);
@@ -128,7 +140,8 @@ impl Pool {
     /// A connection, waiting at most the checkout timeout.
     pub(crate) fn get(&self) -> Result<Conn> {
         Ok(match self {
-            Pool::Own { pool, .. } => {
+            Pool::Own { pool, connector } => {
+                Pool::connectable(pool, connector)?;
                 // One checkout timeout for the first connection and any after stale ones.
                 let deadline = Instant::now() + pool.connection_timeout();
                 let next = || Ok(pool.get_timeout(remaining(deadline))?);

@@ -2,6 +2,7 @@
 //! server or to the master the sentinels name (each connection then tagged with the
 //! master's generation, and thrown away once it is stale).
 
+use std::io;
 use std::sync::Arc;
 
 use redis::{Client, Connection, ConnectionLike, RedisError, RedisResult};
@@ -54,7 +55,9 @@ impl r2d2::ManageConnection for BoundedClient {
     fn connect(&self) -> RedisResult<Tracked> {
         match &self.target {
             Target::Server(client) => {
-                let con = client.get_connection_with_timeout(self.bounds.connect)?;
+                let con = client
+                    .get_connection_with_timeout(self.bounds.connect)
+                    .map_err(|e| at_address(e, client))?;
                 con.set_read_timeout(Some(self.bounds.io))?;
                 con.set_write_timeout(Some(self.bounds.io))?;
                 Ok(Tracked {
@@ -85,5 +88,52 @@ impl r2d2::ManageConnection for BoundedClient {
         tracked.broken
             || !tracked.con.is_open()
             || tracked.master.as_ref().is_some_and(|m| !m.is_current())
+    }
+}
+
+/// `e` naming the address it was met at, where it is the socket's (refused, timed out,
+/// unreachable, a TLS handshake): "nothing listens" must say where, as a URL from
+/// `$REDIS_URL` or the default port may not be the one the user thinks. The kind of
+/// error stays the same, and the socket's error stays its cause.
+pub(crate) fn at_address(e: RedisError, client: &Client) -> RedisError {
+    let kind = if e.is_connection_refusal() {
+        io::ErrorKind::ConnectionRefused
+    } else if e.is_timeout() {
+        io::ErrorKind::TimedOut
+    } else if e.is_connection_dropped() {
+        io::ErrorKind::ConnectionReset
+    } else {
+        io::ErrorKind::Other
+    };
+    // redis-rs keeps the socket's error in an `Arc`, which is what its `source` gives.
+    let cause = std::error::Error::source(&e).and_then(|cause| cause.downcast_ref::<Cause>());
+    match cause {
+        Some(cause) if e.is_io_error() => {
+            let addr = client.get_connection_info().addr().to_string();
+            let cause = Arc::clone(cause);
+            RedisError::from(io::Error::new(kind, AtAddress { addr, cause }))
+        }
+        _ => e,
+    }
+}
+
+type Cause = Arc<dyn std::error::Error + Send + Sync>;
+
+/// A socket's error and the address it was met at.
+#[derive(Debug)]
+struct AtAddress {
+    addr: String,
+    cause: Cause,
+}
+
+impl std::fmt::Display for AtAddress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.addr, self.cause)
+    }
+}
+
+impl std::error::Error for AtAddress {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.cause)
     }
 }
