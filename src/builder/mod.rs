@@ -149,7 +149,7 @@ impl LockerBuilder {
     /// # Ok(()) }
     /// ```
     ///
-    /// `f` must not own the [`Locker`] (or a guard): the locker owns `f`, so neither would
+    /// `f` must not own the [`Locker`](crate::Locker) (or a guard): the locker owns `f`, so neither would
     /// ever be dropped, and its threads would never stop. A callback that needs the
     /// locker holds a [`WeakLocker`](crate::WeakLocker) instead:
     ///

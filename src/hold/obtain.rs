@@ -52,7 +52,9 @@ pub(crate) fn obtain(
     obtained
 }
 
-/// [`obtain`]'s attempts and waits.
+/// [`obtain`]'s attempts and waits. Over 80 lines: the one waiting loop of every
+/// primitive, whose state (ticket, intent, delays, deadline) lives across its turns; the
+/// server-side queue (the next issue) turns it into a few named steps.
 fn attempts(
     shared: &Arc<Shared>,
     request: Request,
