@@ -8,7 +8,7 @@ use redguard::{LockOptions, Locker};
 use crate::eventually;
 use crate::server::RedisServer;
 
-/// The minimal ACL rules, as README.md gives them.
+/// The minimal ACL rules, as the security chapter of the guide gives them.
 const RULES: &str = "resetkeys ~locks:* resetchannels &locks:* -@all \
     +set +evalsha +eval +publish +subscribe +unsubscribe +ping +echo \
     +msetnx +mset +pexpire +pttl +getrange +type +get +mget +del +incr";

@@ -1,7 +1,7 @@
 //! The tests' private `redis-server`: `redguard::testing::Server` (one harness for the
 //! library's users and for us), with what only the tests need on top: panics instead of
 //! errors, commands behind the library's back, and the server's own counters. Shared by
-//! the tests, the examples and the benches.
+//! the tests and the benches (the examples use `redguard::testing::Server` itself).
 
 use std::ops::{Deref, DerefMut};
 
@@ -108,23 +108,6 @@ impl RedisServer {
             .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
             .and_then(|rest| rest.split(',').next())
             .map_or(0, |n| n.parse().expect("a number of calls"))
-    }
-}
-
-/// For the demos: the server at `REDIS_URL` when set, else a throwaway one (said on stdout,
-/// and kept alive as long as the returned handle).
-#[allow(dead_code)] // for the demos, not the tests
-pub fn url_or_throwaway() -> (String, Option<RedisServer>) {
-    match std::env::var("REDIS_URL") {
-        Ok(url) => (url, None),
-        Err(_) => {
-            let server = RedisServer::start();
-            println!(
-                "REDIS_URL is not set: started a throwaway redis-server at {}",
-                server.url()
-            );
-            (server.url(), Some(server))
-        }
     }
 }
 
