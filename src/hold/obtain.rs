@@ -14,10 +14,11 @@ use crate::{Error, LockOptions, Result, stats};
 
 /// On a quorum, a release heard from one node may not have reached the others yet: an
 /// attempt right after it that finds only some nodes free ([`Acquired::Partial`]) is
-/// tried again after this (and up to four times this, at random), up to
-/// [`QUICK_RETRIES`] times per wake-up, without using up a retry.
+/// tried again after this, doubling each time (and up to as much again, at random), up
+/// to [`QUICK_RETRIES`] times per wake-up, without using up a retry: about 60 to 130 ms
+/// in all, as a loaded host can hold the release's other requests up that long.
 const QUICK_PAUSE: Duration = Duration::from_millis(1);
-const QUICK_RETRIES: u32 = 3;
+const QUICK_RETRIES: u32 = 6;
 
 /// How long a waiting lock's intent (recorded where readers share its keys, so that new
 /// readers wait behind it) lives unless renewed: the waiting loop renews it by an attempt
@@ -249,9 +250,10 @@ fn attempts(
             until = until.min(later(now, expires_in));
         }
         if partial && quick > 0 {
+            let pause = QUICK_PAUSE * (1 << (QUICK_RETRIES - quick));
             quick -= 1;
             // At a random moment, so that the woken waiters do not collide again.
-            until = until.min(now + QUICK_PAUSE + delays.jitter(QUICK_PAUSE * 4));
+            until = until.min(now + pause + delays.jitter(pause));
         }
         let ticket = ticket.get_or_insert_with(|| {
             log::debug!("redguard: {kind:?} of {keys:?} held elsewhere: waiting in line");

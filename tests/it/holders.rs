@@ -76,7 +76,7 @@ fn holders_of_free_locked_read_and_semaphore_keys() {
 }
 
 #[test]
-fn a_lock_waiting_behind_readers_is_no_holder() {
+fn a_lock_waiting_behind_readers_is_listed_as_waiting_not_holding() {
     let server = RedisServer::start();
     let locker = locker(&server);
     let _reader = locker
@@ -93,12 +93,18 @@ fn a_lock_waiting_behind_readers_is_no_holder() {
         let members: Vec<String> = server.query(&["ZRANGE", "k", "0", "-1"]);
         members.iter().any(|m| m.starts_with('!'))
     });
+    // The waiting lock holds nothing: it is listed after the reader, as waiting.
     let holders = locker.holders("k").unwrap();
-    assert_eq!(holders.len(), 1, "{holders:?}");
+    assert_eq!(holders.len(), 2, "{holders:?}");
     assert_eq!(
-        (holders[0].metadata(), holders[0].shared()),
-        ("reader", true)
+        (
+            holders[0].metadata(),
+            holders[0].shared(),
+            holders[0].waiting()
+        ),
+        ("reader", true, false)
     );
+    assert!(holders[1].waiting() && !holders[1].shared(), "{holders:?}");
     assert!(waiting.join().unwrap().is_err());
 }
 
