@@ -1,12 +1,9 @@
 use std::fmt;
 use std::sync::{Arc, Weak};
-use std::time::Duration;
 
 use redis::{Client, IntoConnectionInfo};
 
-use crate::backend::Backend;
 use crate::hold::{Kind, Request, obtain};
-use crate::lost::OnLost;
 use crate::options::{at_most_once, checked_keys};
 use crate::shared::Shared;
 use crate::{Error, LockGuard, LockOptions, LockerBuilder, Result, Semaphore};
@@ -36,22 +33,10 @@ pub struct Locker {
 }
 
 impl Locker {
-    /// A locker on `backend`, whose keys (and channels) start with `prefix`.
-    pub(crate) fn new(
-        backend: Backend,
-        default_ttl: Duration,
-        prefix: String,
-        on_lost: Option<OnLost>,
-        replica_timeout: Duration,
-    ) -> Locker {
+    /// A locker of its own on what it shares with its guards.
+    pub(crate) fn new(shared: Shared) -> Locker {
         Locker {
-            shared: Arc::new(Shared::new(
-                backend,
-                default_ttl,
-                prefix,
-                on_lost,
-                replica_timeout,
-            )),
+            shared: Arc::new(shared),
         }
     }
 

@@ -8,6 +8,7 @@ use redis::{Client, ConnectionInfo, IntoConnectionInfo};
 
 use super::{LockerBuilder, MAX_NODE_TIMEOUT};
 use crate::backend::{Backend, Bounds, ClusterPool, Pool, Quorum, Sentinels};
+use crate::shared::Shared;
 use crate::{Error, Locker, Result};
 
 impl LockerBuilder {
@@ -298,13 +299,13 @@ impl LockerBuilder {
 
     fn locker(self, backend: Backend) -> Locker {
         let replica_timeout = self.replica_timeout_or_default();
-        Locker::new(
+        Locker::new(Shared::new(
             backend,
             self.default_ttl,
             self.prefix,
             self.on_lost,
             replica_timeout,
-        )
+        ))
     }
 
     /// A locker on a caller's pool, with settings already checked.

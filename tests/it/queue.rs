@@ -11,16 +11,6 @@ use redguard::{Error, LockOptions, Retry};
 use crate::server::RedisServer;
 use crate::{eventually, locker};
 
-/// How often clients called `command` so far (INFO commandstats; calls made by scripts
-/// are counted too, so ask for commands the scripts do not run).
-fn calls(server: &RedisServer, command: &str) -> u64 {
-    let info: String = server.query(&["INFO", "commandstats"]);
-    info.lines()
-        .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
-        .and_then(|rest| rest.split(',').next()?.parse().ok())
-        .unwrap_or(0)
-}
-
 #[test]
 fn threads_of_one_locker_are_served_in_arrival_order() {
     let server = RedisServer::start();
@@ -73,15 +63,15 @@ fn a_release_hands_the_lock_to_the_next_in_line_in_one_round_trip() {
         server.subscribers("redguard:released:k") == 1
     });
     thread::sleep(Duration::from_millis(50)); // past its attempt after subscribing
-    let scripts = || calls(&server, "evalsha") + calls(&server, "eval");
-    let (scripts_before, publishes_before) = (scripts(), calls(&server, "publish"));
+    let scripts = || server.calls("evalsha") + server.calls("eval");
+    let (scripts_before, publishes_before) = (scripts(), server.calls("publish"));
     let old_token = holder.token().to_string();
     holder.release().unwrap();
     let handed = waiter.join().unwrap();
     // The hand-over script, and nothing else: no release, no publish, no attempt.
     assert_eq!(scripts() - scripts_before, 1, "one script call");
     assert_eq!(
-        calls(&server, "publish"),
+        server.calls("publish"),
         publishes_before,
         "nothing published"
     );

@@ -440,15 +440,6 @@ fn read_locks_are_refused_on_a_quorum() {
     assert!(matches!(guard.downgrade(), Err(Error::InvalidInput(_))));
 }
 
-/// How often the server ran `command` so far, scripts' calls included.
-fn calls(server: &RedisServer, command: &str) -> u64 {
-    let info: String = server.query(&["INFO", "commandstats"]);
-    info.lines()
-        .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
-        .and_then(|rest| rest.split(',').next()?.parse().ok())
-        .unwrap_or(0)
-}
-
 #[test]
 fn a_writer_waiting_for_readers_shows_in_holders_until_it_gives_up() {
     let server = RedisServer::start();
@@ -486,7 +477,7 @@ fn writers_that_do_not_wait_record_no_intent() {
     let server = RedisServer::start();
     let locker = locker(&server);
     let _reader = locker.read(&["r"]).unwrap();
-    let published = calls(&server, "publish");
+    let published = server.calls("publish");
     for _ in 0..5 {
         assert!(locker.try_lock(&["r"]).unwrap().is_none());
         let once = LockOptions::default().timeout(Duration::ZERO);
@@ -496,7 +487,7 @@ fn writers_that_do_not_wait_record_no_intent() {
         ));
     }
     // No intent written, so none taken back and announced (waking every waiting reader).
-    assert_eq!(calls(&server, "publish"), published);
+    assert_eq!(server.calls("publish"), published);
     assert!(locker.holders("r").unwrap().iter().all(|h| !h.waiting()));
 }
 

@@ -103,9 +103,15 @@ impl RedisServer {
 
     /// How many times EVALSHA ran: one per lock-script round trip.
     pub fn evalsha_calls(&self) -> u64 {
+        self.calls("evalsha")
+    }
+
+    /// How often the server ran `command` so far (INFO commandstats; calls made by
+    /// scripts are counted too).
+    pub fn calls(&self, command: &str) -> u64 {
         let info: String = self.query(&["INFO", "commandstats"]);
         info.lines()
-            .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+            .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
             .and_then(|rest| rest.split(',').next())
             .map_or(0, |n| n.parse().expect("a number of calls"))
     }
