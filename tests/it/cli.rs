@@ -445,3 +445,47 @@ fn help_lists_every_exit_status_and_a_command_that_cannot_start_is_named() {
     let said = String::from_utf8_lossy(&missing.stderr);
     assert!(said.contains("/no/such/command"), "{said}");
 }
+
+#[test]
+fn status_without_a_key_lists_every_lock_under_the_prefix_and_a_semaphores_limit() {
+    let server = RedisServer::start();
+    let prefixed = redguard::Locker::builder()
+        .prefix("app:")
+        .build(server.url())
+        .unwrap();
+    let with = |metadata: &str| LockOptions::default().metadata(metadata);
+    let _a = prefixed.lock_with(&["a"], with("ma")).unwrap();
+    let _f = prefixed
+        .lock_with(&["f"], with("mf").fencing(true))
+        .unwrap();
+    let _r = prefixed.read_with(&["r"], with("mr")).unwrap();
+    let semaphore = prefixed.semaphore("s", 3).unwrap();
+    let _permits = [
+        semaphore.acquire_with(with("p1")).unwrap(),
+        semaphore.acquire_with(with("p2")).unwrap(),
+    ];
+    let _elsewhere = locker(&server).lock(&["outside"]).unwrap();
+    server.query::<u32>(&["RPUSH", "app:list", "x"]);
+    let listed = run(&server, &["status", "--prefix", "app:"]);
+    assert_eq!(code(&listed), Some(0));
+    let text = String::from_utf8_lossy(&listed.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        lines.len(),
+        4,
+        "the locks under the prefix, and only them:\n{text}"
+    );
+    assert!(lines[0].starts_with("a: exclusive; \"ma\""), "{text}");
+    assert!(lines[1].starts_with("f: exclusive; \"mf\"") && lines[1].ends_with(", fence 1"));
+    assert!(lines[2].starts_with("r: shared; \"mr\""), "{text}");
+    assert!(
+        lines[3].starts_with("s: semaphore, 2 of 3 permits in use; "),
+        "{text}"
+    );
+    let json = run(&server, &["status", "--json", "--prefix", "app:", "s"]);
+    let json = String::from_utf8_lossy(&json.stdout);
+    assert!(
+        json.starts_with(r#"{"key":"s","state":"semaphore","limit":3,"in_use":2,"holders":[{"#),
+        "{json}"
+    );
+}

@@ -15,6 +15,7 @@
 //! as soon as the command itself exits.
 
 mod hold;
+mod raw;
 mod run;
 mod signals;
 mod status;
@@ -102,14 +103,19 @@ pub(crate) use exit_statuses;
 pub(crate) const EXIT_STATUSES: &str = exit_statuses!();
 
 impl Connection {
-    /// A locker for these settings, with `ttl` as its default TTL.
-    fn locker(&self, ttl: Duration) -> Result<Locker, ExitCode> {
-        let urls: Vec<String> = match self.urls.as_slice() {
+    /// The URLs given, else $REDIS_URL, else the local default.
+    fn urls(&self) -> Vec<String> {
+        match self.urls.as_slice() {
             [] => vec![
                 std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into()),
             ],
             urls => urls.to_vec(),
-        };
+        }
+    }
+
+    /// A locker for these settings, with `ttl` as its default TTL.
+    fn locker(&self, ttl: Duration) -> Result<Locker, ExitCode> {
+        let urls = self.urls();
         let bound = self.io_timeout;
         let builder = Locker::builder()
             .pool_size(4)
