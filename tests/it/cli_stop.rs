@@ -141,24 +141,30 @@ fn a_command_stopped_past_the_ttl_never_runs_beside_the_next_holder() {
 }
 
 #[test]
-fn a_killed_redguard_takes_the_command_with_it() {
+fn a_killed_redguard_takes_the_commands_group_with_it() {
     let server = RedisServer::start();
     let dir = Dir::new("sigkill");
-    let (line, file) = dir.pid_line("exec sleep 30");
+    let grandchild = dir.0.join("grandchild");
+    let (line, file) = dir.pid_line(&format!(
+        "sleep 30 & echo $! > {}.tmp; mv {0}.tmp {0}; wait",
+        grandchild.display()
+    ));
     let mut child = redguard(&server, &["run", "k", "-c", &line])
         .spawn()
         .unwrap();
     let command = written_pid(&file);
     let _reap = Reap(command);
-    eventually(Duration::from_secs(5), "the command is sleep", || {
-        crate::cli::command_name(command) == "sleep"
-    });
+    let grandchild = written_pid(&grandchild);
+    let _reap_too = Reap(grandchild);
     signal(child.id(), "KILL");
     let _ = child.wait();
-    // The lock stays until its TTL (30 s) lets the next holder in: the command is gone
-    // long before.
+    // The lock stays until its TTL (30 s) lets the next holder in: the command and what
+    // it started are gone long before.
     eventually(Duration::from_secs(3), "the command is gone", || {
         !alive(command)
+    });
+    eventually(Duration::from_secs(3), "its child is gone", || {
+        !alive(grandchild)
     });
 }
 

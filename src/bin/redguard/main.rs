@@ -20,6 +20,7 @@ mod run;
 mod signals;
 mod status;
 mod watch;
+mod watchdog;
 
 use std::process::ExitCode;
 use std::time::Duration;

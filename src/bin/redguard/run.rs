@@ -11,6 +11,7 @@ use redguard::{LockOptions, Locker};
 
 use crate::hold::{GaveBack, Hold, Want, acquire, give_back};
 use crate::watch::{Ended, Plan, early_grace, watch};
+use crate::watchdog::Watchdog;
 use crate::{
     CANNOT_START, Connection, LOST, NOT_RELEASED, USAGE, fail, failed, signal_code, signals,
 };
@@ -75,8 +76,8 @@ command gets with --fencing (REDGUARD_FENCE) is what makes one harmless, if the 
 refuses tokens older than the newest it has seen.
 
 Ctrl-Z (SIGTSTP) stops the command's group, then redguard; once continued, the group goes
-on only if the lock is still valid (else SIGKILL, exit 75). Should redguard be killed, the
-command gets SIGKILL (the process redguard started; its own children are not followed).
+on only if the lock is still valid (else SIGKILL, exit 75). Should redguard be killed
+(SIGKILL, the OOM killer), the command's group gets SIGKILL (from a watchdog shell).
 
 ",
     crate::exit_statuses!()
@@ -123,6 +124,15 @@ pub(crate) fn run(args: RunArgs) -> ExitCode {
         }
     };
     signals::set_group(child.id());
+    // Dropped (stopped) once `run` returns, the command ended.
+    let _watchdog = Watchdog::start(child.id())
+        .map_err(|e| {
+            eprintln!(
+                "redguard: no watchdog ({e}): should redguard be killed, only the command's \
+                 first process is"
+            );
+        })
+        .ok();
     let early = early_grace(args.kill_grace, args.ttl);
     if early < args.kill_grace {
         eprintln!(
