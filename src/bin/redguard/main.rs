@@ -3,10 +3,13 @@
 //! ```text
 //! redguard run [OPTIONS] KEY... -- COMMAND [ARG]...
 //! redguard run [OPTIONS] KEY... -c 'shell command'
-//! redguard status [--json] KEY...
+//! redguard status [OPTIONS] [KEY]...      (no KEY: every lock under --prefix)
 //! ```
 //!
-//! Exit statuses: see [`EXIT_STATUSES`] (also in `--help`).
+//! Redis is one server (`--url`, else `$REDIS_URL`), the master sentinels name
+//! (`--sentinel URL... --master NAME`), a quorum (`--redlock`) or a cluster (`--cluster`).
+//! Exit statuses: see [`EXIT_STATUSES`] (also in `--help`); what the command is promised
+//! when the lock cannot be kept: `run::AFTER_HELP`.
 //!
 //! The command runs in a process group of its own, so that signals reach all of it. Two
 //! consequences: with a terminal on its standard input, a command that reads the terminal
