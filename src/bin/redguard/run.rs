@@ -67,13 +67,17 @@ pub(crate) const AFTER_HELP: &str = concat!(
 While the command runs its lock is refreshed. Should the refreshes fail (Redis down or
 unreachable), the command is stopped before the lock can expire: SIGTERM to its process
 group once the lock has --kill-grace of validity left (by this host's clock), SIGKILL to
-the group shortly before the validity runs out. The grace is cut to a third of --ttl when
+the group 0.1 s before the validity runs out. The grace is cut to a third of --ttl when
 longer (the lock is refreshed with two thirds left). A lock taken away at once (its keys
 deleted or overwritten) is found at the next refresh: the command then gets SIGTERM and,
 after --kill-grace, SIGKILL, while another holder may already run. Neither can rule out an
 overlap (a write already sent, this host's clock or process stalled): the fencing token the
 command gets with --fencing (REDGUARD_FENCE) is what makes one harmless, if the resource
 refuses tokens older than the newest it has seen.
+
+The wait is one wait with the whole -w deadline; INT, TERM, HUP or QUIT ends it at once
+(128 + N). A plain run ended so while it waited behind --shared runs leaves its intent, which
+holds new readers back, to expire with --ttl.
 
 Ctrl-Z (SIGTSTP) stops the command's group, then redguard; once continued, the group goes
 on only if the lock is still valid (else SIGKILL, exit 75). Should redguard be killed
