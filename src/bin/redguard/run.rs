@@ -1,17 +1,20 @@
 //! `redguard run`: hold the keys, run the command, pass signals on, stop it if the lock
 //! is lost, give the keys back as soon as it ends.
 
+use std::io;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, ExitCode, ExitStatus};
-use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
-use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clap::Args;
-use redguard::{Error, LockGuard, LockOptions, Locker, Permit, ReadGuard};
-use signal_hook::consts::{SIGHUP, SIGINT, SIGKILL, SIGQUIT, SIGTERM};
+use redguard::{LockOptions, Locker};
 
-use crate::{CANNOT_START, Connection, LOST, USAGE, fail, failed};
+use crate::hold::{GaveBack, Hold, Want, acquire, give_back};
+use crate::watch::{Ended, Plan, early_grace, watch};
+use crate::watchdog::Watchdog;
+use crate::{
+    CANNOT_START, Connection, LOST, NOT_RELEASED, USAGE, fail, failed, signal_code, signals,
+};
 
 #[derive(Args)]
 pub(crate) struct RunArgs {
@@ -43,7 +46,8 @@ pub(crate) struct RunArgs {
     /// Stored with the lock, for `status` to show (default: hostname:pid).
     #[arg(long)]
     metadata: Option<String>,
-    /// When the lock is lost: how long after SIGTERM the command's group gets SIGKILL.
+    /// How long after SIGTERM the command's group gets SIGKILL, when the lock is lost or
+    /// cannot be kept (cut to a third of --ttl for a stop before the lock can expire).
     #[arg(long = "kill-grace", default_value = "5s", value_parser = duration)]
     kill_grace: Duration,
     /// Run this through $SHELL -c (else /bin/sh -c), instead of a COMMAND after --.
@@ -57,35 +61,31 @@ pub(crate) struct RunArgs {
     command: Vec<String>,
 }
 
-/// The last of the signals this command passes on that it received (0: none).
-static RECEIVED: AtomicI32 = AtomicI32::new(0);
-/// The command's process group, once it runs (0: not yet).
-static GROUP: AtomicU32 = AtomicU32::new(0);
+/// After `run`'s options in `--help`: what the command is promised, and the exit statuses.
+pub(crate) const AFTER_HELP: &str = concat!(
+    "\
+While the command runs its lock is refreshed. Should the refreshes fail (Redis down or
+unreachable), the command is stopped before the lock can expire: SIGTERM to its process
+group once the lock has --kill-grace of validity left (by this host's clock), SIGKILL to
+the group 0.1 s before the validity runs out. The grace is cut to a third of --ttl when
+longer (the lock is refreshed with two thirds left). A lock taken away at once (its keys
+deleted or overwritten) is found at the next refresh: the command then gets SIGTERM and,
+after --kill-grace, SIGKILL, while another holder may already run. Neither can rule out an
+overlap (a write already sent, this host's clock or process stalled): the fencing token the
+command gets with --fencing (REDGUARD_FENCE) is what makes one harmless, if the resource
+refuses tokens older than the newest it has seen.
 
-/// A hold of any kind.
-enum Hold {
-    Lock(LockGuard),
-    Read(ReadGuard),
-    Permit(Permit),
-}
+The wait is one wait with the whole -w deadline; INT, TERM, HUP or QUIT ends it at once
+(128 + N). A plain run ended so while it waited behind --shared runs leaves its intent, which
+holds new readers back, to expire with --ttl.
 
-impl Hold {
-    fn is_lost(&self) -> bool {
-        match self {
-            Hold::Lock(g) => g.is_lost(),
-            Hold::Read(g) => g.is_lost(),
-            Hold::Permit(p) => p.is_lost(),
-        }
-    }
+Ctrl-Z (SIGTSTP) stops the command's group, then redguard; once continued, the group goes
+on only if the lock is still valid (else SIGKILL, exit 75). Should redguard be killed
+(SIGKILL, the OOM killer), the command's group gets SIGKILL (from a watchdog shell).
 
-    fn fence(&self) -> Option<u64> {
-        match self {
-            Hold::Lock(g) => g.fence(),
-            Hold::Read(g) => g.fence(),
-            Hold::Permit(p) => p.fence(),
-        }
-    }
-}
+",
+    crate::exit_statuses!()
+);
 
 pub(crate) fn run(args: RunArgs) -> ExitCode {
     if args.shell.is_some() != args.command.is_empty() {
@@ -97,103 +97,155 @@ pub(crate) fn run(args: RunArgs) -> ExitCode {
     if args.permits.is_some() && args.keys.len() != 1 {
         return fail(USAGE, "--permits takes exactly one KEY: the semaphore");
     }
-    if let Err(e) = listen_for_signals() {
+    if let Err(e) = signals::listen() {
         return fail(CANNOT_START, &format!("cannot handle signals: {e}"));
     }
     let locker = match args.connection.locker(args.ttl) {
         Ok(locker) => locker,
         Err(code) => return code,
     };
-    let hold = match acquire(&locker, &args) {
+    let named = format!("{:?}", args.keys);
+    let hold = match want(&locker, &args).and_then(|(want, options)| {
+        acquire(&locker, want, options, args.conflict_exit_code, &named)
+    }) {
         Ok(hold) => hold,
         Err(code) => return code,
     };
-    if let Some(code) = signalled() {
-        return code; // while the lock was being taken: it is given back on drop
+    if let Some(signal) = signals::received() {
+        // While the lock was being taken.
+        let _ = give_back(hold, args.connection.io_timeout);
+        return signal_code(signal);
     }
     let mut child = match spawn(&args, &hold) {
         Ok(child) => child,
-        Err(e) => return fail(CANNOT_START, &format!("cannot start the command: {e}")),
-    };
-    GROUP.store(child.id(), Ordering::SeqCst);
-    if RECEIVED.load(Ordering::SeqCst) != 0 {
-        signal_group(RECEIVED.load(Ordering::SeqCst)); // came before the group was known
-    }
-    loop {
-        match child.try_wait() {
-            Ok(Some(status)) => {
-                drop(hold); // given back as soon as the command ends
-                return exit_code(status);
-            }
-            Ok(None) => {}
-            Err(e) => return fail(CANNOT_START, &format!("cannot wait for the command: {e}")),
+        Err(e) => {
+            let _ = give_back(hold, args.connection.io_timeout);
+            let program = match &args.shell {
+                Some(_) => shell(),
+                None => args.command[0].clone(),
+            };
+            return fail(CANNOT_START, &format!("cannot start {program:?}: {e}"));
         }
-        if hold.is_lost() {
+    };
+    signals::set_group(child.id());
+    // Dropped (stopped) once `run` returns, the command ended.
+    let _watchdog = Watchdog::start(child.id())
+        .map_err(|e| {
             eprintln!(
-                "redguard: the lock on {:?} was lost while the command ran: stopping it",
-                args.keys
+                "redguard: no watchdog ({e}): should redguard be killed, only the command's \
+                 first process is"
             );
-            stop(&mut child, args.kill_grace);
-            drop(hold);
+        })
+        .ok();
+    let early = early_grace(args.kill_grace, args.ttl);
+    if early < args.kill_grace {
+        eprintln!(
+            "redguard: --kill-grace {:?} cut to {early:.1?} (a third of --ttl) for a stop \
+             before the lock can expire",
+            args.kill_grace
+        );
+    }
+    let plan = Plan {
+        named: &named,
+        early,
+        kill_grace: args.kill_grace,
+    };
+    let ended = watch(&mut child, &hold, &plan);
+    finish(ended, hold, &named, args.connection.io_timeout)
+}
+
+/// The exit status once the command has ended: the lock given back (within the I/O
+/// timeout, and a little), and any loss said on stderr.
+fn finish(ended: io::Result<Ended>, hold: Hold, named: &str, io_timeout: Duration) -> ExitCode {
+    let status = match ended {
+        Ok(Ended::Exited(status)) => status,
+        Ok(Ended::Stopped) => {
+            let _ = give_back(hold, LOST_RELEASE);
             return ExitCode::from(LOST);
         }
-        thread::sleep(Duration::from_millis(20));
+        Err(e) => {
+            let _ = give_back(hold, io_timeout);
+            return fail(CANNOT_START, &format!("cannot wait for the command: {e}"));
+        }
+    };
+    if hold.is_lost() {
+        let _ = give_back(hold, LOST_RELEASE);
+        return fail(
+            LOST,
+            &format!("the lock on {named} was lost while the command ran (it ended by itself)"),
+        );
+    }
+    match give_back(hold, io_timeout + RELEASE_MARGIN) {
+        GaveBack::Done => exit_code(status),
+        GaveBack::Lost => fail(
+            LOST,
+            &format!(
+                "the lock on {named} was found lost when given back: the command ({}) may \
+                 have run beside another holder",
+                described(status)
+            ),
+        ),
+        GaveBack::Failed(e) => fail(
+            NOT_RELEASED,
+            &format!(
+                "the command ended ({}), but the lock on {named} could not be given back \
+                 ({e}): it expires with its TTL",
+                described(status)
+            ),
+        ),
+        GaveBack::NoAnswer => fail(
+            NOT_RELEASED,
+            &format!(
+                "the command ended ({}), but Redis did not answer the release of {named} \
+                 within {io_timeout:?}: the lock expires with its TTL",
+                described(status)
+            ),
+        ),
     }
 }
 
-/// Takes the hold, waiting in slices so that a signal ends the wait.
-fn acquire(locker: &Locker, args: &RunArgs) -> Result<Hold, ExitCode> {
+/// How long a lost hold's release is waited for: it only tidies up.
+const LOST_RELEASE: Duration = Duration::from_millis(100);
+/// Beyond the I/O timeout, for a release to come back.
+const RELEASE_MARGIN: Duration = Duration::from_millis(250);
+
+/// What to take, and how.
+fn want(locker: &Locker, args: &RunArgs) -> Result<(Want, LockOptions), ExitCode> {
     let metadata = args.metadata.clone().unwrap_or_else(default_metadata);
-    let options = LockOptions::default()
+    let mut options = LockOptions::default()
         .ttl(args.ttl)
         .metadata(metadata)
         .fencing(args.fencing);
-    let wait = if args.no_wait {
-        Some(Duration::ZERO)
-    } else {
-        args.wait
-    };
-    let deadline = wait.map(|wait| Instant::now() + wait);
-    let semaphore = match args.permits {
-        Some(permits) => Some(
+    // One wait, with the whole deadline (none: as long as it takes).
+    if args.no_wait {
+        options = options.timeout(Duration::ZERO);
+    } else if let Some(wait) = args.wait {
+        options = options.timeout(wait);
+    }
+    let want = match args.permits {
+        Some(permits) => Want::Permit(
             locker
                 .semaphore(&args.keys[0], permits)
                 .map_err(|e| failed(&e))?,
         ),
-        None => None,
+        None if args.shared => Want::Read(args.keys.clone()),
+        None => Want::Lock(args.keys.clone()),
     };
-    loop {
-        if let Some(code) = signalled() {
-            return Err(code);
-        }
-        // Slices, so that a signal ends the wait within one (each slice is a wait of the
-        // library's: a waiting lock's intent is taken back and recorded again between).
-        let slice = Duration::from_secs(1);
-        let left = deadline.map_or(slice, |at| at.saturating_duration_since(Instant::now()));
-        let options = options.clone().timeout(left.min(slice));
-        let taken = match &semaphore {
-            Some(semaphore) => semaphore.acquire_with(options).map(Hold::Permit),
-            None if args.shared => locker.read_with(&args.keys, options).map(Hold::Read),
-            None => locker.lock_with(&args.keys, options).map(Hold::Lock),
-        };
-        match taken {
-            Ok(hold) => return Ok(hold),
-            Err(Error::NotObtained) if deadline.is_none_or(|at| Instant::now() < at) => {}
-            Err(Error::NotObtained) => {
-                eprintln!("redguard: {:?} held elsewhere", args.keys);
-                return Err(ExitCode::from(args.conflict_exit_code));
-            }
-            Err(e) => return Err(failed(&e)),
-        }
-    }
+    Ok((want, options))
 }
 
-/// Starts the command in a process group of its own, with what it should know.
-fn spawn(args: &RunArgs, hold: &Hold) -> std::io::Result<Child> {
+/// $SHELL, else /bin/sh.
+fn shell() -> String {
+    std::env::var("SHELL").unwrap_or_else(|_| "/bin/sh".into())
+}
+
+/// Starts the command in a process group of its own, with what it should know. Called on
+/// the main thread, which lives as long as `redguard`: the parent-death signal is tied to
+/// the thread that started the child.
+fn spawn(args: &RunArgs, hold: &Hold) -> io::Result<Child> {
     let mut command = match &args.shell {
         Some(line) => {
-            let shell = std::env::var("SHELL").unwrap_or_else(|_| "/bin/sh".into());
-            let mut command = std::process::Command::new(shell);
+            let mut command = std::process::Command::new(shell());
             command.arg("-c").arg(line);
             command
         }
@@ -210,33 +262,52 @@ fn spawn(args: &RunArgs, hold: &Hold) -> std::io::Result<Child> {
     if let Some(fence) = hold.fence() {
         command.env("REDGUARD_FENCE", fence.to_string());
     }
+    in_the_child(&mut command);
     command.spawn()
 }
 
-/// SIGTERM to the command's group; SIGKILL to what is left of the group after `grace`
-/// (the whole group's grace: a shell dies at once, the worker it runs may need the time).
-fn stop(child: &mut Child, grace: Duration) {
-    signal_group(SIGTERM);
-    let deadline = Instant::now() + grace;
-    while Instant::now() < deadline && group_alive() {
-        let _ = child.try_wait(); // reaped, the leader no longer counts as alive
-        thread::sleep(Duration::from_millis(20));
+/// Between fork and exec: the child gets the signal mask `redguard` started with (it
+/// blocks the signals it handles in all threads but one), and is killed (SIGKILL) when
+/// `redguard` dies, even by SIGKILL: it must not run on without the lock.
+fn in_the_child(command: &mut std::process::Command) {
+    let mask = signals::started_with();
+    // SAFETY: getpid takes nothing and cannot fail.
+    let parent = unsafe { libc::getpid() };
+    // SAFETY: the closure runs in the child between fork and exec, and calls only
+    // async-signal-safe functions (sigprocmask, prctl, getppid, _exit) on values copied
+    // in, allocating nothing.
+    unsafe {
+        command.pre_exec(move || {
+            if let Some(mask) = &mask
+                && libc::sigprocmask(libc::SIG_SETMASK, mask, std::ptr::null_mut()) != 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+            die_with(parent)
+        });
     }
-    signal_group(SIGKILL);
-    let _ = child.kill(); // should the group be gone and the leader not (never blocks)
-    let _ = child.wait();
 }
 
-/// Whether any process of the command's group is still there.
-fn group_alive() -> bool {
-    let group = GROUP.load(Ordering::SeqCst);
-    // SAFETY: killpg with signal 0 only checks that the group exists; no memory involved.
-    group != 0 && unsafe { libc::killpg(group as libc::pid_t, 0) } == 0
+/// SIGKILL to this process when `parent` (the thread that forked it) ends.
+#[cfg(target_os = "linux")]
+fn die_with(parent: libc::pid_t) -> io::Result<()> {
+    // SAFETY: prctl with these integer arguments and getppid touch no memory; _exit ends
+    // the child at once. All async-signal-safe.
+    unsafe {
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // Should `redguard` have died before the prctl, nothing would be sent.
+        if libc::getppid() != parent {
+            libc::_exit(CANNOT_START.into());
+        }
+    }
+    Ok(())
 }
 
-/// 128 + `signal`, the shell's code for a death by a signal.
-fn signal_code(signal: i32) -> ExitCode {
-    ExitCode::from(u8::try_from(128 + signal).unwrap_or(255))
+#[cfg(not(target_os = "linux"))]
+fn die_with(_parent: libc::pid_t) -> io::Result<()> {
+    Ok(())
 }
 
 /// The command's status: its exit code, or 128 + the signal that ended it.
@@ -248,51 +319,12 @@ fn exit_code(status: ExitStatus) -> ExitCode {
     }
 }
 
-/// A thread that records SIGINT, SIGTERM, SIGHUP and SIGQUIT, and passes each to the
-/// command's group once it runs. A signal ignored when `redguard` started (nohup, a
-/// shell's `trap '' HUP`) stays ignored, for it and for the command.
-fn listen_for_signals() -> std::io::Result<()> {
-    let wanted: Vec<i32> = [SIGINT, SIGTERM, SIGHUP, SIGQUIT]
-        .into_iter()
-        .filter(|&signal| !ignored(signal))
-        .collect();
-    let mut signals = signal_hook::iterator::Signals::new(&wanted)?;
-    thread::Builder::new()
-        .name("redguard-signals".into())
-        .spawn(move || {
-            for signal in signals.forever() {
-                RECEIVED.store(signal, Ordering::SeqCst);
-                signal_group(signal);
-            }
-        })?;
-    Ok(())
-}
-
-/// 128 + the signal, if one came (before the command runs: the wait ends).
-fn signalled() -> Option<ExitCode> {
-    match RECEIVED.load(Ordering::SeqCst) {
-        0 => None,
-        signal => Some(signal_code(signal)),
-    }
-}
-
-/// Whether `signal` is ignored (SIG_IGN) in this process.
-fn ignored(signal: i32) -> bool {
-    // SAFETY: sigaction with no new action only reads the current one into `old`, a
-    // zeroed plain C struct that the call fills in.
-    unsafe {
-        let mut old: libc::sigaction = std::mem::zeroed();
-        libc::sigaction(signal, std::ptr::null(), &mut old) == 0
-            && old.sa_sigaction == libc::SIG_IGN
-    }
-}
-
-/// Sends `signal` to the command's whole group.
-fn signal_group(signal: i32) {
-    let group = GROUP.load(Ordering::SeqCst);
-    if group != 0 {
-        // SAFETY: killpg takes two integers and touches no memory of ours.
-        let _ = unsafe { libc::killpg(group as libc::pid_t, signal) };
+/// The command's status in words, for stderr.
+fn described(status: ExitStatus) -> String {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exit status {code}"),
+        (None, Some(signal)) => format!("killed by signal {signal}"),
+        (None, None) => "status unknown".into(),
     }
 }
 
@@ -306,7 +338,7 @@ fn default_metadata() -> String {
 }
 
 /// `30s`, `500ms`, `2m`, or a number of seconds.
-fn duration(text: &str) -> Result<Duration, String> {
+pub(crate) fn duration(text: &str) -> Result<Duration, String> {
     let (number, unit) = match text {
         t if t.ends_with("ms") => (&t[..t.len() - 2], 0.001),
         t if t.ends_with('s') => (&t[..t.len() - 1], 1.0),
