@@ -131,3 +131,39 @@ fn status_without_a_key_lists_every_lock_under_the_prefix_and_a_semaphores_limit
         "{json}"
     );
 }
+
+#[test]
+fn status_shows_a_lock_waiting_for_the_readers() {
+    let server = RedisServer::start();
+    let locker = locker(&server);
+    let _reader = locker
+        .read_with(&["shared"], LockOptions::default().metadata("reader"))
+        .unwrap();
+    let writer = {
+        let locker = locker.clone();
+        std::thread::spawn(move || {
+            let options = LockOptions::default()
+                .metadata("writer")
+                .timeout(std::time::Duration::from_secs(3));
+            locker.lock_with(&["shared"], options).map(drop)
+        })
+    };
+    crate::eventually(std::time::Duration::from_secs(3), "it waits", || {
+        locker
+            .holders("shared")
+            .unwrap()
+            .iter()
+            .any(|h| h.waiting())
+    });
+    let text = run(&server, &["status", "shared"]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.starts_with("shared: shared; \"reader\" ") && text.contains("; waiting: \"writer\" "),
+        "{text}"
+    );
+    let json = run(&server, &["status", "--json", "shared"]);
+    let json = String::from_utf8_lossy(&json.stdout);
+    assert!(json.contains(r#""metadata":"writer","ttl_ms":"#), "{json}");
+    assert!(json.contains(r#""waiting":true"#), "{json}");
+    assert!(writer.join().unwrap().is_err());
+}

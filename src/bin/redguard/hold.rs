@@ -79,7 +79,7 @@ impl Want {
 /// Takes `want` as `options` say (their timeout is the whole wait), on a thread of its
 /// own: a signal that ends `redguard` ends the wait at once, with 128 + the signal.
 /// `conflict` is the exit status when the wait ran out. A waiting lock's intent (which
-/// holds new readers of the keys back) is then left to expire with the TTL.
+/// holds new readers of the keys back) is then left to expire (within 2 s).
 pub(crate) fn acquire(
     locker: &Locker,
     want: Want,

@@ -77,7 +77,7 @@ refuses tokens older than the newest it has seen.
 
 The wait is one wait with the whole -w deadline; INT, TERM, HUP or QUIT ends it at once
 (128 + N). A plain run ended so while it waited behind --shared runs leaves its intent, which
-holds new readers back, to expire with --ttl.
+holds new readers back, to expire: within 2 s, or --ttl if shorter.
 
 Ctrl-Z (SIGTSTP) stops the command's group, then redguard; once continued, the group goes
 on only if the lock is still valid (else SIGKILL, exit 75). Should redguard be killed

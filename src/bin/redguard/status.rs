@@ -145,7 +145,9 @@ fn text(key: &str, holders: &[Holder], semaphore: Option<&Semaphore>) -> String 
         let ttl = holder.ttl().map_or("no ttl".into(), |ttl| {
             format!("{:.1}s left", ttl.as_secs_f64())
         });
-        line += &format!("; {:?} {ttl}", holder.metadata());
+        // A lock waiting for the readers holds nothing yet: new readers wait behind it.
+        let waiting = if holder.waiting() { "waiting: " } else { "" };
+        line += &format!("; {waiting}{:?} {ttl}", holder.metadata());
         if let Some(fence) = holder.fence() {
             line += &format!(", fence {fence}");
         }
@@ -162,8 +164,9 @@ fn json(key: &str, holders: &[Holder], semaphore: Option<&Semaphore>) -> String 
                 .map_or("null".into(), |ttl| ttl.as_millis().to_string());
             let fence = holder.fence().map_or("null".into(), |f| f.to_string());
             format!(
-                r#"{{"metadata":{},"ttl_ms":{ttl},"fence":{fence}}}"#,
-                quoted(holder.metadata())
+                r#"{{"metadata":{},"ttl_ms":{ttl},"fence":{fence},"waiting":{}}}"#,
+                quoted(holder.metadata()),
+                holder.waiting()
             )
         })
         .collect();
