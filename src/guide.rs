@@ -24,3 +24,6 @@ pub mod reliability {}
 
 #[doc = include_str!("../docs/performance.md")]
 pub mod performance {}
+
+#[doc = include_str!("../docs/command.md")]
+pub mod command {}

@@ -196,7 +196,7 @@ mod shared; // Shared: what a locker and its guards share (backend, refresher, s
 mod stats; // what a locker counts, through the metrics facade (feature `metrics`)
 mod wait; // waiters woken by releases: the subscriber thread and its board
 
-pub mod guide; // the manual (docs/*.md): semantics, read locks, semaphores, fencing, security, scaling out, reliability, performance
+pub mod guide; // the manual (docs/*.md): semantics, read locks, semaphores, fencing, security, scaling out, reliability, performance, the command
 #[cfg(feature = "testing")]
 pub mod testing; // Server, Replicated: private redis-servers for tests (feature `testing`)
 
