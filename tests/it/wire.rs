@@ -408,6 +408,7 @@ fn a_hand_over_sent_again_after_its_reply_was_lost_reports_it_held() {
         .lock_with(&["w:h"], LockOptions::default().auto_refresh(false))
         .unwrap();
     let holder_token = holder.token().to_owned();
+    let scripts = server.evalsha_calls();
     let waiter = {
         let locker = locker.clone();
         thread::spawn(move || {
@@ -417,9 +418,12 @@ fn a_hand_over_sent_again_after_its_reply_was_lost_reports_it_held() {
             locker.lock_with(&["w:h"], patient)
         })
     };
+    // Asleep in line: it attempted, subscribed, and attempted once more (as it does once
+    // its subscription is confirmed); only an asleep waiter is handed the lock.
     eventually(Duration::from_secs(5), "the waiter waits", || {
-        server.subscribers("redguard:released:w:h") == 1
+        server.subscribers("redguard:released:w:h") == 1 && server.evalsha_calls() >= scripts + 2
     });
+    thread::sleep(Duration::from_millis(20)); // from its last reply to its sleep
     // The hand-over reaches the server, its reply does not; then the connection is cut,
     // and the request goes out again on another.
     proxy.drop_replies_after(0);
