@@ -172,8 +172,8 @@ impl Backend {
             return None; // the waiter attempts, and waits for its replicas itself
         }
         match self {
-            // Safe to repeat: a second run finds the keys the waiter's and answers 0; the
-            // waiter's own attempt then re-obtains them.
+            // Safe to repeat: a second run finds the keys the waiter's already and answers
+            // as a re-obtain, with the fences the first run gave (see lua/acquire.lua).
             Backend::Single(pool) => Some(pool.run(|con| scripts::acquire(con, attempt, false))),
             Backend::Cluster(cluster, _) if slot::by_slot(attempt.keys).len() == 1 => {
                 Some(cluster.acquire(attempt, false))

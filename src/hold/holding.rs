@@ -237,8 +237,9 @@ impl Holding {
             }
         };
         // Redis failed: the waiter goes on by itself at once (the claim has kept it a
-        // round trip already; it hears the release below, or finds the keys free).
-        drop(claim);
+        // round trip already; it hears the release below, finds the keys free, or finds
+        // them its own, re-obtained by its value, should the hand-over have run).
+        claim.failed();
         match self.release_for_real() {
             // The keys are not ours: the hand-over may have run without an answer (the
             // waiter holds them) or not (the lock was lost). Say what is known.

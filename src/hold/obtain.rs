@@ -273,13 +273,18 @@ fn attempts(
                 quick = QUICK_RETRIES;
             }
             Wake::Turn => stats::woken("turn"),
-            Wake::Declined => {
+            Wake::Declined { failed } => {
                 stats::woken("turn");
-                // Kept past the deadline by a hand-over that failed (a frozen server): no
-                // attempt now, or the call would wait out a second round trip.
+                // Kept past the deadline by a hand-over that could not be made: no attempt
+                // now, or the call would wait out a second round trip (a frozen server).
                 if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
                     log::debug!("redguard: {keys:?} not obtained: a hand-over failed");
-                    return Err(Error::NotObtained);
+                    // Redis failed: the keys may be in this waiter's name (until its TTL),
+                    // which "held elsewhere" would hide.
+                    return Err(match failed {
+                        true => Error::Redis(handover_failed()),
+                        false => Error::NotObtained,
+                    });
                 }
             }
             Wake::Timeout => stats::woken("timeout"),
@@ -305,6 +310,17 @@ fn attempts(
     let held = Held::new(kind, keys, value, token_at, fences, timing);
     let held = held.named(names).replicated(replicas);
     Holding::new(Arc::clone(shared), held, options.auto_refresh)
+}
+
+/// What a waiter is told when Redis failed while a lock was handed over to it.
+fn handover_failed() -> redis::RedisError {
+    redis::RedisError::from((
+        redis::ErrorKind::Io,
+        "redis failed while the lock was handed over to this waiter",
+        "the hand-over may have run: its keys may be held in this waiter's name until \
+         their TTL"
+            .to_string(),
+    ))
 }
 
 /// The intent a waiting lock recorded on keys that readers share, taken back (best

@@ -212,9 +212,14 @@ fn run(state: &State, backend: &Backend, on_lost: Option<&OnLost>) {
         for held in lost.drain(..) {
             tell(&held, on_lost);
         }
+        // Each hold's refresh turn is taken only now, after the callbacks above: a slow
+        // one (or one that refreshes a hold by hand) must not hold the turns up.
+        batch.retain(|held| held.try_refresh_turn());
         if !batch.is_empty() {
             refresh(state, backend, &batch, on_lost);
-            batch.clear();
+            for held in batch.drain(..) {
+                held.end_refresh_turn();
+            }
         }
     }
 }
@@ -249,11 +254,9 @@ fn tell(held: &Held, on_lost: Option<&OnLost>) {
 
 impl Schedule {
     /// Once some lock is due, moves every lock due within a quarter of its TTL into `batch`
-    /// (so that they share the round trip, and stay together from then on), each with its
-    /// refresh turn taken; drops lost ones; returns when the next lock falls due. Locks
-    /// that are only nearly due never start a round trip by themselves, or they would
-    /// trickle out one small batch each. A hold being refreshed by hand is left out (its
-    /// owner wakes the thread when done).
+    /// (so that they share the round trip, and stay together from then on); drops lost
+    /// ones; returns when the next lock falls due. Locks that are only nearly due never
+    /// start a round trip by themselves, or they would trickle out one small batch each.
     fn collect_due(
         &mut self,
         now: Instant,
@@ -282,17 +285,16 @@ impl Schedule {
             }
             true
         });
-        if any_due {
-            batch.retain(|held| held.try_refresh_turn());
-        } else {
+        if !any_due {
             batch.clear();
         }
         next
     }
 }
 
-/// One round trip for the whole batch, then the bookkeeping, without holding the
-/// schedule's lock across the I/O.
+/// One round trip for the whole batch (each hold's refresh turn taken: a hold being
+/// refreshed by hand is left out, and its owner wakes the thread when done), then the
+/// bookkeeping, without holding the schedule's lock across the I/O.
 fn refresh(state: &State, backend: &Backend, batch: &[Arc<Held>], on_lost: Option<&OnLost>) {
     let ttls: Vec<u64> = batch.iter().map(|held| held.timing().ttl_ms).collect();
     let locks: Vec<Refresh<'_>> = batch
@@ -353,7 +355,6 @@ fn refresh(state: &State, backend: &Backend, batch: &[Arc<Held>], on_lost: Optio
                 }
             }
         }
-        held.end_refresh_turn();
     }
     drop(schedule);
     stats::refreshed(kept, found_lost.len() as u64, unknown, round_trip);

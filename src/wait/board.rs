@@ -95,9 +95,10 @@ pub(crate) enum Wake {
     /// subscription to its keys was (re)confirmed.
     Turn,
     /// A releasing guard of this locker claimed the waiter for a hand-over and could not
-    /// make it (the lock was gone, or Redis failed): attempt, unless the wait is over (the
-    /// claim may have kept the waiter past its deadline, for the hand-over's round trip).
-    Declined,
+    /// make it (the lock was gone, or, `failed`, Redis failed and the keys may be in the
+    /// waiter's name): attempt, unless the wait is over (the claim may have kept the
+    /// waiter past its deadline, for the hand-over's round trip).
+    Declined { failed: bool },
     /// The wait ran out.
     Timeout,
 }
@@ -151,7 +152,8 @@ impl<'a> Ticket<'a> {
         let wake = loop {
             match state.lines.take_handover(self.id) {
                 Some(Handover::Done { fences, sent_at }) => break Wake::Handed { fences, sent_at },
-                Some(Handover::Declined) => break Wake::Declined,
+                Some(Handover::Declined) => break Wake::Declined { failed: false },
+                Some(Handover::Failed) => break Wake::Declined { failed: true },
                 None => {}
             }
             if state.lines.is_claimed(self.id) {

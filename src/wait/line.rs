@@ -56,9 +56,13 @@ pub(crate) struct Offer {
 pub(super) enum Handover {
     /// The lock is the waiter's now: its fencing tokens, and when the request was sent.
     Done { fences: Vec<u64>, sent_at: Instant },
-    /// Not handed over (the lock was gone, or Redis could not be asked): the waiter
-    /// attempts by itself.
+    /// Not handed over (the lock was gone, or the backend cannot): the waiter attempts
+    /// by itself.
     Declined,
+    /// Redis failed during the hand-over: it may have run, leaving the keys in the
+    /// waiter's name. The waiter attempts by itself (its own value re-obtains them), or,
+    /// past its deadline, says Redis failed.
+    Failed,
 }
 
 #[derive(Default)]
@@ -271,7 +275,7 @@ impl Lines {
         let Some(place) = self.places.get_mut(&id) else {
             return;
         };
-        if handover != Handover::Declined {
+        if let Handover::Done { .. } = handover {
             let streak = self
                 .streaks
                 .entry(place.sorted.clone())

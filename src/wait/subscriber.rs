@@ -159,6 +159,11 @@ impl Claim<'_> {
         self.end(Handover::Done { fences, sent_at });
     }
 
+    /// Redis failed during the hand-over (see [`Handover::Failed`]).
+    pub(crate) fn failed(mut self) {
+        self.end(Handover::Failed);
+    }
+
     fn end(&mut self, handover: Handover) {
         if !self.ended {
             self.ended = true;

@@ -404,7 +404,8 @@ fn a_wait_ends_in_time_when_the_server_freezes_during_a_hand_over() {
     let (result, took) = waiter.join().unwrap();
     let drop_took = dropped.join().unwrap();
     server.resume();
-    assert!(result.is_err(), "{result:?}");
+    // Not "held elsewhere": the hand-over may have run, leaving the keys in its name.
+    assert!(matches!(result, Err(Error::Redis(_))), "{result:?}");
     // Less than half an I/O timeout of slack: one more round trip would show.
     assert!(took < timeout + io + io * 2 / 5, "took {took:?}");
     assert!(drop_took < LIMIT, "the drop is bounded too: {drop_took:?}");

@@ -447,12 +447,12 @@ fn huge_leases_cost_one_refresh_per_period() {
 fn a_refresh_by_hand_never_overlaps_the_refreshers() {
     let server = RedisServer::start();
     let guard = locker(&server)
-        .lock_with(&["k"], auto(Duration::from_millis(90)))
+        .lock_with(&["k"], auto(Duration::from_millis(300)))
         .unwrap();
-    for round in 0..60 {
-        guard.refresh(Duration::from_millis(90)).unwrap();
+    for round in 0..20 {
+        guard.refresh(Duration::from_millis(300)).unwrap();
         // About when the refresher's next refresh (at a third of the TTL) is under way.
-        thread::sleep(Duration::from_millis(25 + round % 10));
+        thread::sleep(Duration::from_millis(90 + round % 20));
         guard.refresh(Duration::from_secs(10)).unwrap();
         let asked = Instant::now();
         let believed = guard.valid_for();

@@ -106,15 +106,24 @@ impl Pool {
         }
     }
 
-    /// With no connection left in our own pool (the server went away), whether one can
-    /// be made now: if not, the error that says why, at once, rather than a wait for the
-    /// whole checkout timeout and an error that blames the pool's size. (The connection
-    /// made is not kept: r2d2 takes none from outside. Only while the pool is empty.)
-    fn connectable(pool: &r2d2::Pool<BoundedClient>, connector: &BoundedClient) -> Result<()> {
+    /// A connection from our own pool, waiting at most `wait`. With no connection left in
+    /// the pool (the server went away) and none made within a moment, it first asks
+    /// whether one can be made now: if not, the error that says why comes at once, rather
+    /// than after the whole wait with one that blames the pool's size. (That connection is
+    /// not kept: r2d2 takes none from outside; and only while the pool is empty.)
+    fn checkout(
+        pool: &r2d2::Pool<BoundedClient>,
+        connector: &BoundedClient,
+        wait: Duration,
+    ) -> Result<PooledConnection<BoundedClient>> {
         if pool.state().connections == 0 {
+            // The server back: r2d2 makes one at once, and no probe is needed.
+            if let Ok(con) = pool.get_timeout(PROBE_AFTER.min(wait)) {
+                return Ok(con);
+            }
             r2d2::ManageConnection::connect(connector)?;
         }
-        Ok(())
+        Ok(pool.get_timeout(wait)?)
     }
 
     /// A connection, waiting at most `wait` (and never longer than the checkout timeout).
@@ -124,11 +133,10 @@ impl Pool {
         }
         Ok(match self {
             Pool::Own { pool, connector } => {
-                Pool::connectable(pool, connector)?;
                 let wait = wait.min(pool.connection_timeout());
                 let deadline = Instant::now() + wait;
                 let next = || Ok(pool.get_timeout(remaining(deadline))?);
-                Conn::Own(current(pool, pool.get_timeout(wait)?, next)?)
+                Conn::Own(current(pool, Pool::checkout(pool, connector, wait)?, next)?)
             }
             Pool::Given { pool, io } => {
                 let wait = wait.min(pool.connection_timeout());
@@ -141,11 +149,11 @@ impl Pool {
     pub(crate) fn get(&self) -> Result<Conn> {
         Ok(match self {
             Pool::Own { pool, connector } => {
-                Pool::connectable(pool, connector)?;
                 // One checkout timeout for the first connection and any after stale ones.
-                let deadline = Instant::now() + pool.connection_timeout();
+                let wait = pool.connection_timeout();
+                let deadline = Instant::now() + wait;
                 let next = || Ok(pool.get_timeout(remaining(deadline))?);
-                Conn::Own(current(pool, pool.get()?, next)?)
+                Conn::Own(current(pool, Pool::checkout(pool, connector, wait)?, next)?)
             }
             Pool::Given { pool, io } => Conn::Given(in_step(pool.get()?, *io)?),
         })
@@ -170,6 +178,10 @@ fn current(
     }
     Err(stale())
 }
+
+/// How long a checkout from an empty pool waits for r2d2 before it asks whether a
+/// connection can be made at all.
+const PROBE_AFTER: Duration = Duration::from_millis(10);
 
 /// What is left until `deadline` (at least a millisecond: r2d2 then still hands out an
 /// idle connection).
