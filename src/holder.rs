@@ -74,7 +74,8 @@ impl Holder {
 
 /// Introspection: who holds a key. (Beside [`Holder`], which it returns.)
 impl Locker {
-    /// Who holds `key` now, for an operator: empty when it is free; one [`Holder`] for a
+    /// Who holds `key` now, for an operator: empty when it is free (but for a lock still
+    /// waiting, see below, as when its readers have just left); one [`Holder`] for a
     /// lock; one per live reader for a read lock, or per live permit when `key` is a
     /// semaphore; after the readers, each lock waiting for them ([`Holder::waiting`]). One
     /// round trip (a read-only script); on a quorum of servers, the
@@ -110,8 +111,8 @@ impl Locker {
                 fence,
                 holds,
                 ..
-            // A waiting lock's intent on a read lock is no holder (only readers are listed:
-            // the script gives live scores above now).
+            // The script lists a read lock's readers, then the locks waiting for them
+            // (their intents, marked '!').
             } => Ok(Holder::listed(holds, held_by.shared(), fence)),
         }
     }

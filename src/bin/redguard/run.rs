@@ -128,8 +128,8 @@ pub(crate) fn run(args: RunArgs) -> ExitCode {
         }
     };
     signals::set_group(child.id());
-    // Dropped (stopped) once `run` returns, the command ended.
-    let _watchdog = Watchdog::start(child.id())
+    // Stopped once the command has ended, before the lock is given back.
+    let watchdog = Watchdog::start(child.id())
         .map_err(|e| {
             eprintln!(
                 "redguard: no watchdog ({e}): should redguard be killed, only the command's \
@@ -151,6 +151,9 @@ pub(crate) fn run(args: RunArgs) -> ExitCode {
         kill_grace: args.kill_grace,
     };
     let ended = watch(&mut child, &hold, &plan);
+    // The command reaped: its group's number may soon be another's.
+    drop(watchdog);
+    signals::forget_group();
     finish(ended, hold, &named, args.connection.io_timeout)
 }
 

@@ -14,6 +14,8 @@ static RECEIVED: AtomicI32 = AtomicI32::new(0);
 static GROUP: AtomicU32 = AtomicU32::new(0);
 /// The command's group was stopped on SIGTSTP and not continued since.
 static GROUP_STOPPED: AtomicBool = AtomicBool::new(false);
+/// A signal that ends `redguard` came before the command's group was known.
+static PENDING: AtomicBool = AtomicBool::new(false);
 /// `redguard` was continued (SIGCONT) since the watch loop last looked.
 static CONTINUED: AtomicBool = AtomicBool::new(false);
 /// The signal mask `redguard` started with, for the command.
@@ -42,7 +44,7 @@ pub(crate) fn listen() -> std::io::Result<()> {
                     SIGCONT => CONTINUED.store(true, Ordering::SeqCst),
                     _ => {
                         RECEIVED.store(signal, Ordering::SeqCst);
-                        signal_group(signal);
+                        pass_on(signal);
                     }
                 }
             }
@@ -100,11 +102,33 @@ fn suspend() {
 /// Records the command's group, once it runs, and passes on a signal that came before.
 pub(crate) fn set_group(group: u32) {
     GROUP.store(group, Ordering::SeqCst);
-    // The signal thread stores before it reads the group, this thread the other way
-    // round: at least one of the two passes the signal on.
-    if let Some(signal) = received() {
+    if PENDING.swap(false, Ordering::SeqCst)
+        && let Some(signal) = received()
+    {
         signal_group(signal);
     }
+}
+
+/// Passes `signal` on to the command's group, or, before it runs, leaves it pending for
+/// [`set_group`]. Exactly one of the two passes a pending signal on (whichever takes
+/// `PENDING`), never both: some commands take a second SIGINT as "quit at once".
+fn pass_on(signal: i32) {
+    if group() != 0 {
+        signal_group(signal);
+        return;
+    }
+    PENDING.store(true, Ordering::SeqCst);
+    // The group may have been set since it was read: then `set_group` may have looked
+    // before the store above, and this thread passes it on.
+    if group() != 0 && PENDING.swap(false, Ordering::SeqCst) {
+        signal_group(signal);
+    }
+}
+
+/// The command has ended and been reaped: its group may be gone and its number taken by
+/// another, so no more signals go to it.
+pub(crate) fn forget_group() {
+    GROUP.store(0, Ordering::SeqCst);
 }
 
 fn group() -> u32 {

@@ -125,7 +125,8 @@ fn not_a_lock(key: &str, kind: &str, json: bool) -> String {
 }
 
 fn state(holders: &[Holder], semaphore: Option<&Semaphore>) -> &'static str {
-    match holders.first() {
+    // A lock waiting for readers holds nothing: readers that just left can leave it alone.
+    match holders.iter().find(|holder| !holder.waiting()) {
         None => "free",
         Some(_) if semaphore.is_some() => "semaphore",
         Some(holder) if holder.shared() => "shared",

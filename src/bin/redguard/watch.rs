@@ -59,14 +59,16 @@ pub(crate) fn watch(child: &mut Child, hold: &Hold, plan: &Plan) -> io::Result<E
     let mut stop: Option<Stop> = None;
     loop {
         match &stop {
-            None => {
-                if let Some(status) = child.try_wait()? {
-                    return Ok(Ended::Exited(status));
-                }
-            }
+            None => match child.try_wait() {
+                Ok(Some(status)) => return Ok(Ended::Exited(status)),
+                Ok(None) => {}
+                Err(e) => return Err(killed(child, e)),
+            },
             Some(under_way) => {
                 // Reaped, the leader no longer counts: the grace is the whole group's.
-                let _ = child.try_wait()?;
+                if let Err(e) = child.try_wait() {
+                    return Err(killed(child, e));
+                }
                 let due = Instant::now() >= under_way.kill_at
                     || under_way.early && hold.valid_for() <= KILL_AHEAD;
                 if due || !signals::group_alive() {
@@ -141,9 +143,18 @@ fn begin_stop(hold: &Hold, plan: &Plan) -> Option<Stop> {
     })
 }
 
-/// SIGKILL to the command's whole group, and the leader reaped.
+/// SIGKILL to the command's whole group, if any of it is left, and the leader reaped.
 fn kill(child: &mut Child) {
-    signals::signal_group(SIGKILL);
+    if signals::group_alive() {
+        signals::signal_group(SIGKILL);
+    }
     let _ = child.kill(); // should the group be gone and the leader not (never blocks)
     let _ = child.wait();
+}
+
+/// The command killed, as it cannot be watched any more (`e`): it must not run on
+/// without the lock.
+fn killed(child: &mut Child, e: io::Error) -> io::Error {
+    kill(child);
+    e
 }
