@@ -38,7 +38,10 @@ impl Storage {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let (url, _server) = redis_url()?;
+    let (url, server) = Server::from_env_or_start("REDIS_URL")?;
+    if server.is_some() {
+        println!("REDIS_URL is not set: started a throwaway redis-server at {url}");
+    }
     let locker = Locker::connect(url.as_str())?;
     let storage = Storage::default();
     let ttl = Duration::from_millis(200);
@@ -61,18 +64,4 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     storage.write(a_token, "A", "from A");
     b.release()?;
     Ok(())
-}
-
-/// The server at `REDIS_URL` when set; otherwise a private one (`redguard::testing::Server`,
-/// feature `testing`), on a free loopback port, stopped when the returned `Server` drops.
-fn redis_url() -> std::io::Result<(String, Option<Server>)> {
-    if let Ok(url) = std::env::var("REDIS_URL") {
-        return Ok((url, None));
-    }
-    let server = Server::start()?;
-    println!(
-        "REDIS_URL is not set: started a throwaway redis-server at {}",
-        server.url()
-    );
-    Ok((server.url(), Some(server)))
 }

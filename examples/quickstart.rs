@@ -33,7 +33,10 @@ fn main() -> std::process::ExitCode {
 
 fn demo() -> Result<(), Box<dyn Error>> {
     // Keep the throwaway server (if any) alive until the end of main.
-    let (url, _server) = redis_url()?;
+    let (url, server) = Server::from_env_or_start("REDIS_URL")?;
+    if server.is_some() {
+        println!("REDIS_URL is not set: started a throwaway redis-server at {url}");
+    }
     let locker = Locker::connect(url.as_str())?;
     let mut raw =
         redis::Client::open(url.as_str())?.get_connection_with_timeout(Duration::from_secs(2))?;
@@ -100,18 +103,4 @@ fn demo() -> Result<(), Box<dyn Error>> {
     }
     println!("\ndone");
     Ok(())
-}
-
-/// The server at `REDIS_URL` when set; otherwise a private one (`redguard::testing::Server`,
-/// feature `testing`), on a free loopback port, stopped when the returned `Server` drops.
-fn redis_url() -> std::io::Result<(String, Option<Server>)> {
-    if let Ok(url) = std::env::var("REDIS_URL") {
-        return Ok((url, None));
-    }
-    let server = Server::start()?;
-    println!(
-        "REDIS_URL is not set: started a throwaway redis-server at {}",
-        server.url()
-    );
-    Ok((server.url(), Some(server)))
 }

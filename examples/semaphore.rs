@@ -17,7 +17,10 @@ use redguard::testing::Server;
 use redguard::{LockOptions, Locker};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let (url, _server) = redis_url()?;
+    let (url, server) = Server::from_env_or_start("REDIS_URL")?;
+    if server.is_some() {
+        println!("REDIS_URL is not set: started a throwaway redis-server at {url}");
+    }
     let locker = Locker::builder().pool_size(10).build(url.as_str())?;
     let payments = locker.semaphore("demo:payments", 3)?;
     let inside = AtomicUsize::new(0);
@@ -74,18 +77,4 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     permit.release()?;
     Ok(())
-}
-
-/// The server at `REDIS_URL` when set; otherwise a private one (`redguard::testing::Server`,
-/// feature `testing`), on a free loopback port, stopped when the returned `Server` drops.
-fn redis_url() -> std::io::Result<(String, Option<Server>)> {
-    if let Ok(url) = std::env::var("REDIS_URL") {
-        return Ok((url, None));
-    }
-    let server = Server::start()?;
-    println!(
-        "REDIS_URL is not set: started a throwaway redis-server at {}",
-        server.url()
-    );
-    Ok((server.url(), Some(server)))
 }

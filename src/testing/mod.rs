@@ -54,6 +54,30 @@ impl Server {
         Server::start_on_free_port(Launch::default())
     }
 
+    /// The server that the environment variable `var` names (its URL), when it is set;
+    /// otherwise one of this process's own, as [`start`](Self::start) gives, kept alive
+    /// by the `Server` returned with its URL. For demos and tests that may also run
+    /// against a server someone else runs.
+    ///
+    /// ```no_run
+    /// # fn main() -> std::io::Result<()> {
+    /// let (url, private) = redguard::testing::Server::from_env_or_start("REDIS_URL")?;
+    /// if private.is_some() {
+    ///     println!("REDIS_URL is not set: started a redis-server at {url}");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`start`](Self::start), when `var` is not set.
+    pub fn from_env_or_start(var: &str) -> io::Result<(String, Option<Server>)> {
+        if let Ok(url) = std::env::var(var) {
+            return Ok((url, None));
+        }
+        let server = Server::start()?;
+        Ok((server.url(), Some(server)))
+    }
+
     /// Like [`start`](Self::start), with more `redis-server` arguments (as
     /// `["--requirepass", "secret"]`).
     ///
