@@ -79,21 +79,28 @@ fn stderr_of(child: Child) -> (Option<i32>, String) {
     )
 }
 
-#[test]
-fn ctrl_z_stops_the_commands_group_and_fg_continues_it() {
-    let server = RedisServer::start();
-    let dir = Dir::new("tstp");
+/// A looping command run under `redguard run --ttl ttl`, then stopped by a Ctrl-Z
+/// (SIGTSTP to `redguard`): `redguard`, the command's pid, and what cleans up after them.
+fn stopped_run(server: &RedisServer, test: &str, ttl: &str) -> (Child, u32, Reap, Dir) {
+    let dir = Dir::new(test);
     let (line, file) = dir.pid_line("while :; do sleep 0.05; done");
-    let child = redguard(&server, &["run", "--ttl", "10s", "k", "-c", &line])
+    let child = redguard(server, &["run", "--ttl", ttl, "k", "-c", &line])
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let command = written_pid(&file);
-    let _reap = Reap(command);
+    let reap = Reap(command);
     signal(child.id(), "TSTP");
     eventually(Duration::from_secs(5), "the command is stopped", || {
         state(command) == 'T'
     });
+    (child, command, reap, dir)
+}
+
+#[test]
+fn ctrl_z_stops_the_commands_group_and_fg_continues_it() {
+    let server = RedisServer::start();
+    let (child, command, _reap, _dir) = stopped_run(&server, "tstp", "10s");
     eventually(Duration::from_secs(5), "redguard is stopped", || {
         state(child.id()) == 'T'
     });
@@ -110,18 +117,7 @@ fn ctrl_z_stops_the_commands_group_and_fg_continues_it() {
 #[test]
 fn a_command_stopped_past_the_ttl_never_runs_beside_the_next_holder() {
     let server = RedisServer::start();
-    let dir = Dir::new("tstp-lost");
-    let (line, file) = dir.pid_line("while :; do sleep 0.05; done");
-    let child = redguard(&server, &["run", "--ttl", "1s", "k", "-c", &line])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let command = written_pid(&file);
-    let _reap = Reap(command);
-    signal(child.id(), "TSTP");
-    eventually(Duration::from_secs(5), "the command is stopped", || {
-        state(command) == 'T'
-    });
+    let (child, command, _reap, _dir) = stopped_run(&server, "tstp-lost", "1s");
     // Nothing refreshes the lock: it expires, and another holder gets in.
     let locker = locker(&server);
     let next = locker
