@@ -208,10 +208,10 @@ fn failing_refreshes_stop_a_command_that_ignores_sigterm_before_the_lock_can_exp
     drop(next);
 }
 
-#[test]
-fn a_loss_found_only_by_the_release_gives_75() {
-    let server = RedisServer::start();
-    let mut child = redguard(&server, &["run", "k", "-c", "read line"])
+/// `redguard run k` with a command that ends once told (a line on its standard input),
+/// once it holds the lock.
+fn holding_until_told(server: &RedisServer) -> Child {
+    let child = redguard(server, &["run", "k", "-c", "read line"])
         .stdin(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -219,6 +219,13 @@ fn a_loss_found_only_by_the_release_gives_75() {
     eventually(Duration::from_secs(10), "held", || {
         server.query::<u32>(&["EXISTS", "k"]) == 1
     });
+    child
+}
+
+#[test]
+fn a_loss_found_only_by_the_release_gives_75() {
+    let server = RedisServer::start();
+    let mut child = holding_until_told(&server);
     // Taken away behind its back; the refresher (at a third of 30 s) does not notice.
     server.query::<String>(&["SET", "k", "someone else"]);
     child.stdin.take().unwrap().write_all(b"done\n").unwrap();
@@ -236,14 +243,7 @@ fn a_loss_found_only_by_the_release_gives_75() {
 #[test]
 fn a_release_that_redis_does_not_answer_is_said_and_gives_74_promptly() {
     let server = RedisServer::start();
-    let mut child = redguard(&server, &["run", "k", "-c", "read line"])
-        .stdin(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    eventually(Duration::from_secs(10), "held", || {
-        server.query::<u32>(&["EXISTS", "k"]) == 1
-    });
+    let mut child = holding_until_told(&server);
     server.pause();
     let ended = Instant::now();
     child.stdin.take().unwrap().write_all(b"done\n").unwrap();
