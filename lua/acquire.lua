@@ -1,24 +1,14 @@
--- acquire.lua: take every key, or none of them.
+-- acquire.lua: take every key, or none of them, without the queue: for a lock on a quorum
+-- of servers or across cluster slots (elsewhere, see queue/acquire.lua).
 -- KEYS: the lock keys; with fencing, followed by one fencing counter per lock key.
 -- ARGV[1]: the value to store (owner .. metadata); ARGV[2]: the owner part's length in
 -- bytes (a random token, or a fixed one as '<length>:<token>': never the start of another);
--- ARGV[3]: the TTL in milliseconds; ARGV[4]: '1' for fencing tokens, else '0'; ARGV[5],
--- for a hand-over only (else ''): the releasing guard's value, which every key must still
--- hold, and which ours then replaces (a fresh acquisition: new fencing tokens; a repeat
--- that finds every key ours already answers as a re-obtain); ARGV[6],
--- for a caller that waits if the keys are held (else ''): the value to record its intent
--- by, the waiter's own for all its attempts; ARGV[7]: how long (ms) an intent lives
--- unless an attempt renews it (the TTL if shorter). When readers (see read/acquire.lua) are all
--- that holds the keys, each key they share records the intent, and new readers wait
--- behind it; when another lock holds a key, the intent is taken back from every key.
+-- ARGV[3]: the TTL in milliseconds; ARGV[4]: '1' for fencing tokens, else '0'.
 -- Returns 1 when every key is now ours (with fencing: {'fences', token per key}), 2 when
 -- they already were, re-obtained by the same owner (with fencing: {'kept', token per
--- key}), 0 when another owner or live readers hold one of them ({'readers', ms} when
--- readers do and our intent was recorded: ms until the last of them expires), and
--- {'wrongtype', key,
--- type} when a key (or a counter) holds another Redis type (or, for a hand-over, 0 when
--- some key no longer holds the releasing guard's value). Nothing is changed unless every
--- key is ours (but expired readers and intents are dropped, and intents recorded).
+-- key}), 0 when another owner or live readers hold one of them, and {'wrongtype', key,
+-- type} when a key (or a counter) holds another Redis type. Nothing is changed unless
+-- every key is ours (but expired readers are dropped).
 local owner_len, ttl = tonumber(ARGV[2]), tonumber(ARGV[3])
 local fencing = ARGV[4] == '1'
 local n = fencing and #KEYS / 2 or #KEYS
@@ -59,34 +49,11 @@ for i = 1, n do
   args[2 * i] = ARGV[1]
 end
 
-local over = ARGV[5] ~= '' and ARGV[5]
-local fresh
-if over then
-  -- A hand-over: only from the releasing guard, on every key, to us. Every key ours
-  -- already is this hand-over run again after its reply was lost (the waiter, asleep
-  -- until told, sends nothing meanwhile): re-obtained below, with the fences it got.
-  local values = redis.call('mget', unpack(KEYS, 1, n))
-  local ours = 0
-  for i = 1, n do
-    if values[i] == ARGV[1] then
-      ours = ours + 1
-    elseif values[i] ~= over then
-      return 0
-    end
-  end
-  if ours == 0 then
-    redis.call('mset', unpack(args))
-    fresh = true
-  elseif ours < n then
-    return 0
-  end
-else
-  fresh = redis.call('msetnx', unpack(args)) == 1
-end
+local fresh = redis.call('msetnx', unpack(args)) == 1
 if not fresh then
   -- Some key exists: held by an owner (a string), shared by readers (a sorted set of
-  -- theirs, see read/acquire.lua), or of another type, which is never overwritten.
-  local now, readers_end, shared, unread = nil, nil, {}, {}
+  -- theirs, see queue/acquire.lua), or of another type, which is never overwritten.
+  local now, shared, unread = nil, {}, {}
   local owner = string.sub(ARGV[1], 1, owner_len)
   local taken, mine = false, 0
   for i = 1, n do
@@ -99,12 +66,10 @@ if not fresh then
         local time = redis.call('time')
         now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
       end
-      -- Readers are scored by their expiry, intents by minus theirs: drop the expired.
-      redis.call('zremrangebyscore', KEYS[i], -now, now)
-      local highest = tonumber(redis.call('zrange', KEYS[i], -1, -1, 'withscores')[2])
-      if highest > 0 then
+      -- Readers are scored by their expiry: drop the expired.
+      redis.call('zremrangebyscore', KEYS[i], '(-inf', now)
+      if redis.call('zcard', KEYS[i]) > 1 then
         shared[#shared + 1] = KEYS[i]
-        readers_end = math.max(readers_end or 0, highest)
       else
         unread[#unread + 1] = KEYS[i] -- no reader left: a writer may take it
       end
@@ -120,38 +85,8 @@ if not fresh then
       return {'wrongtype', KEYS[i], kind}
     end
   end
-  local intent = ARGV[6] ~= '' and '!' .. ARGV[6]
-  if taken and intent then
-    -- Another lock holds a key: readers need not wait for us meanwhile (that could
-    -- deadlock a reader we wait for), so no intent of ours stays anywhere.
-    for _, key in ipairs(shared) do
-      redis.call('zrem', key, intent)
-    end
-    for _, key in ipairs(unread) do
-      if redis.call('zrem', key, intent) == 1 and redis.call('zcard', key) == 1 then
-        redis.call('del', key) -- only the marker left
-      end
-    end
-    return 0
-  end
   if taken or #shared > 0 then
-    -- Held: by readers, who see our intent from now on (if we wait), or by another owner.
-    if intent and #shared > 0 then
-      -- Short-lived, renewed by each attempt of the waiting lock: one whose process died
-      -- holds new readers off only so long.
-      local lifetime = math.min(ttl, tonumber(ARGV[7]) or ttl)
-      local expiry = string.format('%.0f', now + lifetime)
-      for _, key in ipairs(shared) do
-        redis.call('zadd', key, '-' .. expiry, intent)
-        -- The key lives as long as its last reader or intent.
-        if redis.call('pttl', key) < lifetime then
-          redis.call('pexpireat', key, expiry)
-        end
-      end
-      -- When the last of these readers expires, should none of them release.
-      return {'readers', math.max(1, readers_end - now)}
-    end
-    return 0
+    return 0 -- held: by readers, or by another owner
   end
   if #unread > 0 then
     -- No reader left on these keys: they are free, as the others may be.

@@ -1,9 +1,10 @@
 -- holders.lua: who holds a key, as an operator may see it (read only).
--- KEYS[1]: the key; KEYS[2], if given: its fencing counter. ARGV[1]: 'list', or 'count'
--- for only how many.
+-- KEYS[1]: the key; KEYS[2], if given: its fencing counter, and KEYS[3] and KEYS[4] its
+-- queue and the queue's expiries (see queue/queue.lua). ARGV[1]: 'list', or 'count' for
+-- only how many.
 -- Returns {what, fence, value, ms, value, ms, ...} ({what, fence, n} for 'count'): what
 -- is 'free', 'lock' (one value; ms -1 when the key has no TTL), 'read' (each live reader,
--- see read/acquire.lua, then each writer waiting for them: '!' and its value) or 'semaphore' (each live permit, see semaphore/acquire.lua);
+-- see queue/acquire.lua, then each lock queued for the key: '!' and its value) or 'semaphore' (each live permit, see semaphore/acquire.lua);
 -- fence is the counter as it is, or -1 when there is none, or it is not a counter, or
 -- the key is a semaphore (its permits have no counter value of their own); ms are left on
 -- the server's clock, the first to expire first. Or {'wrongtype', key, type}.
@@ -44,14 +45,17 @@ elseif kind == 'zset' then
     reply[#reply + 1] = live[i]
     reply[#reply + 1] = tonumber(live[i + 1]) - now
   end
-  if what == 'read' then
-    -- Then the writers waiting for these readers: each intent, '!' and its value, scored
-    -- by minus its expiry (see acquire.lua); the marker's -inf is no intent.
-    local before = '(' .. string.format('%.0f', -now)
-    local waiting = redis.call('zrevrangebyscore', KEYS[1], before, '(-inf', 'withscores')
-    for i = 1, #waiting, 2 do
-      reply[#reply + 1] = waiting[i]
-      reply[#reply + 1] = -tonumber(waiting[i + 1]) - now
+  if what == 'read' and KEYS[3] then
+    -- Then the locks queued for these readers, in order, each with the time its place has
+    -- left (see queue/queue.lua: 'l', then the lengths, then the channel and value).
+    for _, entry in ipairs(redis.call('zrange', KEYS[3], 0, -1)) do
+      local chlen, vlen, at = string.match(entry, '^l%d+,%d+,[01],(%d+),(%d+):()')
+      local alive = chlen and redis.call('zscore', KEYS[4], entry)
+      if alive and tonumber(alive) > now then
+        local from = at + tonumber(chlen)
+        reply[#reply + 1] = '!' .. string.sub(entry, from, from + tonumber(vlen) - 1)
+        reply[#reply + 1] = tonumber(alive) - now
+      end
     end
   end
   return reply

@@ -4,16 +4,22 @@
 -- ARGV: three per hold: its shape, its value (owner .. metadata), the new TTL in ms. The
 -- shape of a lock is its number of keys, each a string that must hold the value; 'p' is a
 -- semaphore permit, whose one key is its semaphore (see semaphore/acquire.lua); 'r' and a
--- number is a shared hold of that many keys (see read/acquire.lua).
+-- number is a shared hold of that many keys (see queue/acquire.lua); 'w' and a number is
+-- a waiter's queue entry (see queue/queue.lua) on that many keys, whose keys are those
+-- keys, then their queues, their expiries and their tickets, whose value is the entry and
+-- whose TTL is how long the entry lives from now.
 -- Returns one integer per hold: 1 when refreshed, 0 when no longer held (left untouched:
--- an expired permit is never revived).
+-- an expired permit is never revived); for an entry, 1 when it is still in every queue,
+-- 0 when not (its waiter was given its hold, or was dropped as dead), or when it is first
+-- in every queue and its keys look free (what held them expired without a release): 0
+-- has its waiter ask, and its attempt takes them.
 local total, timed = 0, false
 for i = 1, #ARGV, 3 do
   local shape, ttl = ARGV[i], tonumber(ARGV[i + 2])
   local kind = string.sub(shape, 1, 1)
   local count = (kind == 'p' and 1) or (kind == 'r' and tonumber(string.sub(shape, 2)))
-    or tonumber(shape)
-  timed = timed or kind == 'p' or kind == 'r'
+    or (kind == 'w' and (tonumber(string.sub(shape, 2)) or 0) * 4) or tonumber(shape)
+  timed = timed or kind == 'p' or kind == 'r' or kind == 'w'
   if not count or count < 1 or not ttl or ttl < 1 then
     return redis.error_reply('ERR redguard refresh: bad key count or ttl')
   end
@@ -85,6 +91,52 @@ local function refresh_read(first, last, value, ttl)
   return 1
 end
 
+-- Whether `key` looks free for the waiter of `entry` (see queue/queue.lua).
+local function looks_free(key, entry)
+  local kind = string.sub(entry, 1, 1)
+  local found = redis.call('type', key).ok
+  if kind == 'l' then
+    return found == 'none'
+  elseif kind == 'r' then
+    return found ~= 'string'
+  end
+  local limit = tonumber(string.match(entry, '^p(%d+),'))
+  return found == 'none' or (found == 'zset' and limit
+    and redis.call('zcount', key, '(' .. string.format('%.0f', now), '+inf') < limit)
+end
+
+local function renew_entry(first, count, member, lifetime)
+  local queues = first + count
+  local head = true
+  for j = queues, queues + count - 1 do
+    -- Waiters that stopped renewing go first (so a dead one before us costs no more).
+    local dead = redis.pcall('zrangebyscore', KEYS[j + count], '-inf', now)
+    if type(dead) == 'table' and #dead > 0 and not dead.err then
+      redis.call('zrem', KEYS[j], unpack(dead))
+      redis.call('zrem', KEYS[j + count], unpack(dead))
+    end
+    local place = redis.pcall('zrank', KEYS[j], member)
+    if type(place) ~= 'number' then
+      return 0
+    end
+    head = head and place == 0 and looks_free(KEYS[j - count], member)
+  end
+  if head then
+    return 0 -- first, and nothing holds the keys: its own attempt takes them
+  end
+  local expiry = string.format('%.0f', now + tonumber(lifetime))
+  for j = queues, queues + count - 1 do
+    local queue, alive, ticket = KEYS[j], KEYS[j + count], KEYS[j + 2 * count]
+    redis.call('zadd', alive, expiry, member)
+    if redis.call('pttl', queue) < tonumber(lifetime) then
+      redis.call('pexpire', queue, lifetime)
+      redis.call('pexpire', alive, lifetime)
+      redis.call('pexpire', ticket, lifetime)
+    end
+  end
+  return 1
+end
+
 local results = {}
 local first = 1
 for i = 1, #ARGV, 3 do
@@ -92,6 +144,10 @@ for i = 1, #ARGV, 3 do
   if shape == 'p' then
     results[#results + 1] = refresh_permit(KEYS[first], value, ttl)
     first = first + 1
+  elseif string.sub(shape, 1, 1) == 'w' then
+    local count = tonumber(string.sub(shape, 2))
+    results[#results + 1] = renew_entry(first, count, value, ttl)
+    first = first + 4 * count
   elseif string.sub(shape, 1, 1) == 'r' then
     local last = first + tonumber(string.sub(shape, 2)) - 1
     results[#results + 1] = refresh_read(first, last, value, ttl)

@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use crate::backend::{Holds, KeyHolders, fence_key, slot};
+use crate::backend::{Holds, KeyHolders, entry_keys, fence_key, slot};
 use crate::hold::metadata_of;
 use crate::options::checked_keys;
 use crate::{Error, Locker, Result};
@@ -20,7 +20,7 @@ pub struct Holder {
 
 impl Holder {
     /// The holders a holders script listed (their values and TTLs): each one's metadata,
-    /// never its token. A value marked `!` is a writer's intent: a lock waiting for the
+    /// never its token. A value marked `!` is a lock queued for the
     /// readers, not shared.
     pub(crate) fn listed(holds: Holds, shared: bool, fence: Option<u64>) -> Vec<Holder> {
         holds
@@ -57,9 +57,10 @@ impl Holder {
     }
 
     /// Whether this is no holder yet but a lock waiting for the readers of the key to
-    /// leave: new readers wait behind it. Listed after the readers, for as long as its
-    /// intent lives (the waiting lock renews it; one whose process died is gone within
-    /// about 2 s). Its `ttl` is that of the intent.
+    /// leave: new readers wait behind it. Listed after the readers, in queue order, for as
+    /// long as its place lives (its locker's refresher renews it; one whose process died
+    /// is gone within the [waiter lifetime](crate::LockerBuilder::waiter_lifetime), 2 s by
+    /// default). Its `ttl` is what its place has left.
     pub fn waiting(&self) -> bool {
         self.waiting
     }
@@ -98,10 +99,19 @@ impl Locker {
         let shared = self.shared();
         let stored = format!("{}{key}", shared.prefix);
         let counter = format!("{}{}", shared.prefix, fence_key(&stored));
-        // One script reads both only where they share a slot (always, but for a key
+        let mut beside = vec![counter];
+        beside.extend(
+            entry_keys(&shared.prefix, std::slice::from_ref(&stored))
+                .into_iter()
+                .skip(1)
+                .take(2),
+        );
+        // One script reads them only where they share a slot (always, but for a key
         // with an unmatched brace on a cluster).
-        let counter = (slot(&counter) == slot(&stored)).then_some(counter.as_str());
-        match shared.backend.key_holders(&stored, counter, false)? {
+        if beside.iter().any(|key| slot(key) != slot(&stored)) {
+            beside.clear();
+        }
+        match shared.backend.key_holders(&stored, &beside, false)? {
             KeyHolders::WrongType { kind } => Err(Error::WrongType {
                 key: key.to_owned(),
                 kind,
@@ -111,8 +121,8 @@ impl Locker {
                 fence,
                 holds,
                 ..
-            // The script lists a read lock's readers, then the locks waiting for them
-            // (their intents, marked '!').
+            // The script lists a read lock's readers, then the locks queued for them
+            // (marked '!').
             } => Ok(Holder::listed(holds, held_by.shared(), fence)),
         }
     }

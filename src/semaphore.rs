@@ -213,7 +213,7 @@ impl Semaphore {
         let found = inner
             .shared
             .backend
-            .key_holders(&inner.keys[0], None, count_only)?;
+            .key_holders(&inner.keys[0], &[], count_only)?;
         let kind = match found {
             KeyHolders::Held {
                 held_by: HeldBy::Permits | HeldBy::Nobody,

@@ -19,6 +19,8 @@ pub(crate) struct Shared {
     pub(crate) subscriber: Subscriber,
     /// The longest a hold waits for its replicas' acknowledgement (WAIT's timeout).
     pub(crate) replica_timeout: Duration,
+    /// How long a waiter's queue entry lives unless renewed (see `hold::place`).
+    pub(crate) waiter_lifetime: Duration,
 }
 
 impl Shared {
@@ -29,6 +31,7 @@ impl Shared {
         prefix: String,
         on_lost: Option<OnLost>,
         replica_timeout: Duration,
+        waiter_lifetime: Duration,
     ) -> Shared {
         Shared {
             refresher: Refresher::new(backend.clone(), on_lost),
@@ -37,6 +40,16 @@ impl Shared {
             default_ttl,
             prefix,
             replica_timeout,
+            waiter_lifetime,
+        }
+    }
+
+    /// Where releases announce the keys they free, for waiters that do not queue (see
+    /// [`Backend::announces`]); empty where every waiter queues.
+    pub(crate) fn announce(&self) -> &str {
+        match self.backend.announces() {
+            true => self.subscriber.release_channels(),
+            false => "",
         }
     }
 }

@@ -5,12 +5,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::cluster::{self, ClusterPool};
+use super::fence::queue_keys;
 use super::introspect::{self, KeyHolders};
 use super::outcome::{Acquired, Refreshed, Released};
 use super::pool::Pool;
 use super::quorum::{self, Quorum};
 use super::replicas;
-use super::request::{Attempt, MAX_REPLICAS, Refresh};
+use super::request::{Attempt, MAX_REPLICAS, Refresh, Release};
 use super::scripts;
 use super::slot::{self, slot};
 use crate::hold::{Kind, drift_ms};
@@ -152,8 +153,7 @@ impl Backend {
                     replicas::confirm(con, attempt, acquired, replicas::wait)
                 });
                 replicas::unconfirmed(attempt, sent, &acquired, || {
-                    let (kind, keys, value) = (attempt.kind, attempt.keys, attempt.value);
-                    pool.run(|con| scripts::release(con, kind, keys, value, attempt.channels))
+                    pool.run(|con| scripts::release(con, &attempt.take_back()))
                 });
                 acquired
             }
@@ -162,24 +162,28 @@ impl Backend {
         }
     }
 
-    /// A hand-over: one attempt that takes the keys from the releasing guard whose value
-    /// is `attempt.over` (see `lua/acquire.lua`), without publishing a release. `None`
-    /// where a hand-over is not safe as one request: on a quorum (it would have to win a
-    /// majority of its own) and across cluster slots; the guard then releases, and the
-    /// waiter attempts.
-    pub(crate) fn hand_over(&self, attempt: &Attempt<'_>) -> Option<Result<Acquired>> {
-        if attempt.replicas.is_some() {
-            return None; // the waiter attempts, and waits for its replicas itself
-        }
+    /// Whether holds of `kind` on `keys` wait in the server's queue (see
+    /// `lua/queue/queue.lua`): everywhere but on a quorum (independent servers, each with
+    /// a queue of its own, could not agree on one order) and for a lock across cluster
+    /// slots (one script could not see all its queues).
+    /// On a cluster, the queue's keys must share the hold's slot too (`prefix` comes
+    /// before them): not for a name with an unmatched brace.
+    pub(crate) fn queues(&self, keys: &[String], prefix: &str) -> bool {
         match self {
-            // Safe to repeat: a second run finds the keys the waiter's already and answers
-            // as a re-obtain, with the fences the first run gave (see lua/acquire.lua).
-            Backend::Single(pool) => Some(pool.run(|con| scripts::acquire(con, attempt, false))),
-            Backend::Cluster(cluster, _) if slot::by_slot(attempt.keys).len() == 1 => {
-                Some(cluster.acquire(attempt, false))
+            Backend::Single(_) => true,
+            Backend::Cluster(..) => {
+                let first = keys.first().map(|key| slot(key));
+                let mut all = keys.iter().cloned().chain(queue_keys(prefix, keys));
+                all.all(|key| Some(slot(&key)) == first)
             }
-            Backend::Cluster(..) | Backend::Quorum(_) => None,
+            Backend::Quorum(_) => false,
         }
+    }
+
+    /// Whether releases announce the keys they free on the release channels, for waiters
+    /// that do not queue: on a quorum, and on a cluster (locks across slots).
+    pub(crate) fn announces(&self) -> bool {
+        !matches!(self, Backend::Single(_))
     }
 
     /// Whether a failed attempt on `keys` is taken back by a request that may still run
@@ -218,24 +222,18 @@ impl Backend {
     }
 
     /// Gives the hold up (deletes a lock's keys, a permit from its holders) if it is still
-    /// `value`'s; `false` when it was not held.
-    pub(crate) fn release(
-        &self,
-        kind: Kind,
-        keys: &[String],
-        value: &str,
-        channels: &str,
-    ) -> Result<Released> {
+    /// `value`'s, serving the waiters next in the queue; `held` is `false` when it was not
+    /// held.
+    pub(crate) fn release(&self, release: &Release<'_>) -> Result<Released> {
         match self {
             // Repeated only when the connection was found closed: should the server have run
             // the first one after all, the second reports the lock lost (never the reverse).
-            Backend::Single(pool) => {
-                pool.run(|con| scripts::release(con, kind, keys, value, channels))
-            }
-            Backend::Quorum(quorum) => quorum
-                .release(kind, keys, value, channels)
-                .map(|held| Released { held, listeners: 0 }),
-            Backend::Cluster(cluster, _) => cluster.release(kind, keys, value, channels),
+            Backend::Single(pool) => pool.run(|con| scripts::release(con, release)),
+            Backend::Quorum(quorum) => quorum.release(release).map(|held| Released {
+                held,
+                handed: Vec::new(),
+            }),
+            Backend::Cluster(cluster, _) => cluster.release(release),
         }
     }
 
@@ -253,10 +251,10 @@ impl Backend {
     pub(crate) fn key_holders(
         &self,
         key: &str,
-        counter: Option<&str>,
+        beside: &[String],
         count_only: bool,
     ) -> Result<KeyHolders> {
-        let call = introspect::key_holders_call(key, counter, count_only);
+        let call = introspect::key_holders_call(key, beside, count_only);
         let parse = |reply| introspect::parse_key_holders(reply, count_only);
         match self {
             // Read only: safe to repeat.
@@ -266,37 +264,16 @@ impl Backend {
         }
     }
 
-    /// Takes back a waiting lock's intent on the keys readers share (best effort: it
-    /// expires with the lock's TTL anyway).
-    pub(crate) fn withdraw(&self, keys: &[String], value: &str, channels: &str) -> Result<()> {
-        match self {
-            Backend::Single(pool) => pool.run(|con| scripts::withdraw(con, keys, value, channels)),
-            Backend::Cluster(cluster, _) => {
-                for (_, keys) in slot::by_slot(keys) {
-                    cluster.run(|con| scripts::withdraw(con, &keys, value, channels))?;
-                }
-                Ok(())
-            }
-            Backend::Quorum(_) => Ok(()), // no read locks there
-        }
-    }
-
-    /// Turns the lock `value` holds on `keys` into a shared hold, in one step (one slot).
-    pub(crate) fn downgrade(
-        &self,
-        keys: &[String],
-        value: &str,
-        ttl_ms: u64,
-        channels: &str,
-    ) -> Result<Released> {
+    /// Turns the lock `release.value` holds on its keys into a shared hold, in one step
+    /// (one slot).
+    pub(crate) fn downgrade(&self, release: &Release<'_>, ttl_ms: u64) -> Result<Released> {
+        let keys = release.keys;
         // Keys are never empty here: the lock holds them.
         let one_slot = || keys.iter().all(|key| slot(key) == slot(&keys[0]));
         match self {
-            Backend::Single(pool) => {
-                pool.run(|con| scripts::downgrade(con, keys, value, ttl_ms, channels))
-            }
+            Backend::Single(pool) => pool.run(|con| scripts::downgrade(con, release, ttl_ms)),
             Backend::Cluster(cluster, _) if one_slot() => {
-                cluster.run(|con| scripts::downgrade(con, keys, value, ttl_ms, channels))
+                cluster.run(|con| scripts::downgrade(con, release, ttl_ms))
             }
             Backend::Cluster(..) | Backend::Quorum(_) => Err(Error::InvalidInput(
                 "a downgrade needs the lock on one server, or in one cluster hash slot".into(),

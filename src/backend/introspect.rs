@@ -11,11 +11,11 @@ use super::call::{Call, Lua};
 static KEY_HOLDERS: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("../../lua/holders.lua")));
 
-/// Who holds `key` (see `lua/holders.lua`), with its fencing counter at `counter`; with
-/// `count_only`, only how many.
-pub(crate) fn key_holders_call(key: &str, counter: Option<&str>, count_only: bool) -> Call {
+/// Who holds `key` (see `lua/holders.lua`), with its fencing counter, queue and the
+/// queue's expiries in `beside` (or none of them); with `count_only`, only how many.
+pub(crate) fn key_holders_call(key: &str, beside: &[String], count_only: bool) -> Call {
     let mut keys = vec![key];
-    keys.extend(counter);
+    keys.extend(beside.iter().map(String::as_str));
     Call::new(
         &KEY_HOLDERS,
         &keys,

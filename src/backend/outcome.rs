@@ -12,10 +12,14 @@ pub(crate) enum Acquired {
     Yes { fences: Vec<u64>, fresh: bool },
     /// Another owner holds at least one key; nothing was changed.
     HeldElsewhere,
-    /// Readers share at least one key, and this waiting lock's intent is recorded there:
-    /// new readers wait behind it until it is withdrawn, taken, or expires. The last of
-    /// those readers expires in `retry_in`, unless refreshed.
-    BehindReaders { retry_in: Duration },
+    /// Held (by another owner, readers or every permit), or others wait before us: with
+    /// the queue, our entry has its place now (if we wait). What holds the keys expires
+    /// in `retry_in`, should it have died; `handed` are the waiters of this locker the
+    /// attempt served meanwhile (see `lua/queue/acquire.lua`).
+    Queued {
+        retry_in: Duration,
+        handed: Vec<Handed>,
+    },
     /// On a quorum: some nodes were free but not a majority (a release still on its way
     /// to the others, another owner taking them at the same time, or a node that lost its
     /// keys); what was taken has been taken back.
@@ -25,10 +29,6 @@ pub(crate) enum Acquired {
     NoQuorum,
     /// `key` holds a Redis `kind` other than a string; nothing was changed.
     WrongType { key: String, kind: String },
-    /// Held by holders that may die without a release to hear: a semaphore's every permit
-    /// (the first expires in `retry_in`), or a key a read lock waits for (what holds it
-    /// expires in `retry_in`), unless refreshed; nothing was changed.
-    Busy { retry_in: Duration },
     /// A semaphore's live holders use this other limit; nothing was taken.
     OtherLimit { limit: u32 },
     /// Taken, but fewer than `wanted` replicas acknowledged it within the replica timeout:
@@ -51,12 +51,17 @@ pub(crate) enum Refreshed {
     NotReplicated { acknowledged: u32, wanted: u32 },
 }
 
-/// What a release found: whether every key still held the lock (all are deleted now),
-/// and how many listeners the most-heard announcement of a freed key reached (0 with
-/// nothing announced, or on a quorum, which hands nothing over; `u64::MAX` on a cluster,
-/// where a node counts only its own listeners).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// What a release found: whether every key still held the hold (all are given up now),
+/// and the waiters of this locker the release gave their holds to.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Released {
     pub(crate) held: bool,
-    pub(crate) listeners: u64,
+    pub(crate) handed: Vec<Handed>,
+}
+
+/// A waiter of this locker a script gave its hold to: its value and fencing tokens.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Handed {
+    pub(crate) value: String,
+    pub(crate) fences: Vec<u64>,
 }

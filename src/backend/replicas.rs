@@ -46,13 +46,7 @@ pub(crate) fn confirm<C: ConnectionLike>(
     }
     if attempt.owns(*fresh) {
         // Announced: a waiter may have seen the keys taken.
-        scripts::release(
-            con,
-            attempt.kind,
-            attempt.keys,
-            attempt.value,
-            attempt.channels,
-        )?;
+        scripts::release(con, &attempt.take_back())?;
     }
     Ok(Acquired::NotReplicated {
         acknowledged,

@@ -34,20 +34,17 @@ pub(crate) struct Attempt<'a> {
     /// Whether the token is the caller's own: then the keys may already hold this value
     /// from an earlier acquisition, and a failed attempt must not delete them blindly.
     pub(crate) fixed_token: bool,
-    /// For a hand-over: the releasing guard's value, which every key must still hold and
-    /// which this one replaces.
-    pub(crate) over: Option<&'a str>,
-    /// For a lock that waits when the keys are held: the value its intent is recorded by
-    /// on keys that readers share (see `lua/acquire.lua`). The waiter's own, the same for
-    /// every attempt, so that one withdrawal takes it back.
-    pub(crate) intent: Option<&'a str>,
+    /// With the server's queue (one server, or one cluster hash slot): the locker's
+    /// channel and, for a caller that waits, its entry. `None`: no queue (a quorum, a lock
+    /// across cluster slots).
+    pub(crate) queue: Option<Queue<'a>>,
     /// Where release channels start: a take-back announces the keys it frees.
     pub(crate) channels: &'a str,
     /// Held only once this many replicas acknowledged it (see [`Replicas`]).
     pub(crate) replicas: Option<Replicas>,
 }
 
-impl Attempt<'_> {
+impl<'a> Attempt<'a> {
     /// Whether keys found holding this attempt's value (taken `fresh` by it, or not) are
     /// this attempt's to take back: a random token's always (a request sent again after a
     /// timeout finds them taken already), a fixed token's only when fresh (the same owner
@@ -55,12 +52,56 @@ impl Attempt<'_> {
     pub(crate) fn owns(&self, fresh: bool) -> bool {
         fresh || !self.fixed_token
     }
+
+    /// What gives back what this attempt took (serving the queue, announcing the keys).
+    pub(crate) fn take_back(&self) -> Release<'a> {
+        Release {
+            kind: self.kind,
+            keys: self.keys,
+            value: self.value,
+            prefix: self.prefix,
+            queue: self.queue.map(|queue| Queue {
+                entry: None,
+                ..queue
+            }),
+            announce: self.channels,
+        }
+    }
+}
+
+/// An attempt's (or a release's) side of the server's queue: see `lua/queue/queue.lua`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Queue<'a> {
+    /// The locker's own channel, where the scripts tell its waiters they were served.
+    pub(crate) channel: &'a str,
+    /// The caller's entry: for an attempt, its place should it have to wait (`None`: it
+    /// does not wait); for a release, its place to give up too (a waiter that leaves).
+    pub(crate) entry: Option<&'a str>,
+    /// How long an entry lives unless its refresher renews it.
+    pub(crate) lifetime_ms: u64,
+}
+
+/// A hold to give up: see `lua/queue/release.lua`.
+#[derive(Clone, Copy)]
+pub(crate) struct Release<'a> {
+    pub(crate) kind: Kind,
+    pub(crate) keys: &'a [String],
+    pub(crate) value: &'a str,
+    pub(crate) prefix: &'a str,
+    /// `None` on a quorum, which has no queue.
+    pub(crate) queue: Option<Queue<'a>>,
+    /// Where release channels start: each freed key is announced there (for waiters that
+    /// do not queue), or nothing when empty.
+    pub(crate) announce: &'a str,
 }
 
 /// One hold to refresh (a refresh batch is a slice of them): its kind, keys, value and
 /// the TTL to set.
 pub(crate) struct Refresh<'a> {
     pub(crate) kind: Kind,
+    /// A waiter's queue entry on that many keys (its `keys` are then the entry's, see
+    /// `fence::entry_keys`, and its value the entry), not a hold.
+    pub(crate) entry_of: Option<usize>,
     pub(crate) keys: &'a [String],
     pub(crate) value: &'a str,
     pub(crate) ttl_ms: u64,

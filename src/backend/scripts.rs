@@ -13,30 +13,40 @@ use std::time::Duration;
 use redis::{ConnectionLike, ErrorKind, RedisError, RedisResult, Value};
 
 use super::call::{Call, Lua};
-use super::fence::fence_key;
-use super::outcome::{Acquired, Released};
-use super::request::{Attempt, Refresh};
-use crate::hold::{INTENT_LIFETIME, Kind};
+use super::fence::{fence_key, queue_keys};
+use super::outcome::{Acquired, Handed, Released};
+use super::request::{Attempt, Refresh, Release};
+use crate::hold::Kind;
 
 static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../../lua/acquire.lua")));
 static REFRESH: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../../lua/refresh.lua")));
 static RELEASE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../../lua/release.lua")));
 static TTL: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../../lua/ttl.lua")));
-static PERMIT_ACQUIRE: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(include_str!("../../lua/semaphore/acquire.lua")));
-static PERMIT_RELEASE: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(include_str!("../../lua/semaphore/release.lua")));
 static PERMIT_TTL: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("../../lua/semaphore/ttl.lua")));
-static READ_ACQUIRE: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(include_str!("../../lua/read/acquire.lua")));
-static READ_RELEASE: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(include_str!("../../lua/read/release.lua")));
 static READ_TTL: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../../lua/read/ttl.lua")));
-static WITHDRAW: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(include_str!("../../lua/read/withdraw.lua")));
-static DOWNGRADE: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(include_str!("../../lua/read/downgrade.lua")));
+/// With the queue: the queue's functions, then the script's own text.
+static QUEUE_ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
+        include_str!("../../lua/queue/queue.lua"),
+        include_str!("../../lua/queue/acquire.lua")
+    ))
+});
+static QUEUE_RELEASE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
+        include_str!("../../lua/queue/queue.lua"),
+        include_str!("../../lua/queue/release.lua")
+    ))
+});
+
+/// A kind's letter in the queue's scripts (see `lua/queue/queue.lua`).
+fn kind_letter(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Lock => "l",
+        Kind::Read => "r",
+        Kind::Permit { .. } => "p",
+    }
+}
 
 /// One all-or-nothing attempt to take `keys`; see `lua/acquire.lua`. With `fencing`, each
 /// key's counter (see [`fence_key`]) gives the acquisition a token.
@@ -72,44 +82,89 @@ pub(crate) fn acquire(
     parse_acquired(acquire_call(attempt).run(con)?)
 }
 
-/// The acquire script's call for `attempt` (never the plain `SET`).
+/// The acquire script's call for `attempt` (never the plain `SET`): with the queue,
+/// `lua/queue/acquire.lua`; without (a lock on a quorum or across cluster slots),
+/// `lua/acquire.lua`.
 pub(crate) fn acquire_call(attempt: &Attempt<'_>) -> Call {
-    // A counter per key: a semaphore is one key.
-    let counters: Vec<String> = if attempt.fencing {
-        let prefix = attempt.prefix;
-        attempt
-            .keys
-            .iter()
-            .map(|key| format!("{prefix}{}", fence_key(key)))
-            .collect()
-    } else {
-        Vec::new()
+    let owner_len = attempt.owner_len.to_string();
+    let ttl_ms = attempt.ttl_ms.to_string();
+    let fencing = if attempt.fencing { "1" } else { "0" };
+    let queue = match attempt.queue {
+        None if attempt.kind == Kind::Lock => {
+            let counters: Vec<String> = match attempt.fencing {
+                true => (attempt.keys.iter())
+                    .map(|key| format!("{}{}", attempt.prefix, fence_key(key)))
+                    .collect(),
+                false => Vec::new(),
+            };
+            let keys: Vec<&str> = attempt
+                .keys
+                .iter()
+                .chain(&counters)
+                .map(String::as_str)
+                .collect();
+            return Call::new(
+                &ACQUIRE,
+                &keys,
+                &[attempt.value, &owner_len, &ttl_ms, fencing],
+            );
+        }
+        queue => queue,
+    };
+    // A permit or shared hold without the queue: on a cluster, a name whose queue would
+    // be in another slot (see `Backend::queues`).
+    let companions = match queue {
+        Some(_) => queue_keys(attempt.prefix, attempt.keys),
+        None => Vec::new(),
     };
     let keys: Vec<&str> = attempt
         .keys
         .iter()
-        .chain(&counters)
+        .chain(&companions)
         .map(String::as_str)
         .collect();
-    let owner_len = attempt.owner_len.to_string();
-    let ttl_ms = attempt.ttl_ms.to_string();
-    let fencing = if attempt.fencing { "1" } else { "0" };
-    let mut args = vec![attempt.value, &owner_len, &ttl_ms, fencing];
-    match attempt.kind {
-        Kind::Lock => {
-            let intent_ms = INTENT_LIFETIME.as_millis().to_string();
-            args.push(attempt.over.unwrap_or_default());
-            args.push(attempt.intent.unwrap_or_default());
-            args.push(&intent_ms);
-            Call::new(&ACQUIRE, &keys, &args)
-        }
-        Kind::Read => Call::new(&READ_ACQUIRE, &keys, &[attempt.value, &ttl_ms, fencing]),
-        Kind::Permit { limit } => {
-            let limit = limit.to_string();
-            args.extend([limit.as_str(), if attempt.fixed_token { "1" } else { "0" }]);
-            Call::new(&PERMIT_ACQUIRE, &keys, &args)
+    let limit = match attempt.kind {
+        Kind::Permit { limit } => limit.to_string(),
+        Kind::Lock | Kind::Read => String::new(),
+    };
+    let lifetime = queue.map_or(1, |queue| queue.lifetime_ms).to_string();
+    let args = [
+        attempt.value,
+        &owner_len,
+        &ttl_ms,
+        fencing,
+        kind_letter(attempt.kind),
+        &limit,
+        if attempt.fixed_token { "1" } else { "0" },
+        queue.and_then(|queue| queue.entry).unwrap_or_default(),
+        &lifetime,
+        queue.map_or("", |queue| queue.channel),
+        if queue.is_some() { "1" } else { "" },
+    ];
+    Call::new(&QUEUE_ACQUIRE, &keys, &args)
+}
+
+/// A waiter's queue entry (see `lua/queue/queue.lua`): everything a script needs to give
+/// it its hold and tell its locker (on `channel`).
+pub(crate) fn queue_entry(attempt: &Attempt<'_>, channel: &str) -> String {
+    let kind = match attempt.kind {
+        Kind::Permit { limit } => format!("p{limit}"),
+        kind => format!("{}{}", kind_letter(kind), attempt.keys.len()),
+    };
+    let mut entry = format!(
+        "{kind},{},{},{},{}:{channel}{}",
+        attempt.ttl_ms,
+        u8::from(attempt.fencing),
+        channel.len(),
+        attempt.value.len(),
+        attempt.value
+    );
+    if attempt.keys.len() > 1 {
+        for key in attempt.keys {
+            entry.push_str(&format!("{}:{key}", key.len()));
         }
     }
+    entry
 }
 
 /// The acquire script's answer.
@@ -146,11 +201,9 @@ pub(crate) fn parse_acquired(reply: Value) -> RedisResult<Acquired> {
                     .collect::<RedisResult<_>>()?,
                 fresh: true,
             },
-            [Value::BulkString(tag), ms] if tag == b"full" || tag == b"busy" => Acquired::Busy {
+            [Value::BulkString(tag), ms, handed @ ..] if tag == b"queued" => Acquired::Queued {
                 retry_in: Duration::from_millis(redis::from_redis_value_ref(ms)?),
-            },
-            [Value::BulkString(tag), ms] if tag == b"readers" => Acquired::BehindReaders {
-                retry_in: Duration::from_millis(redis::from_redis_value_ref(ms)?),
+                handed: parse_handed(handed)?,
             },
             [Value::BulkString(tag), limit] if tag == b"limit" => Acquired::OtherLimit {
                 limit: redis::from_redis_value_ref(limit)?,
@@ -193,6 +246,7 @@ pub(crate) fn refresh_call(locks: &[Refresh<'_>]) -> Call {
         .iter()
         .map(|lock| {
             let shape = match lock.kind {
+                _ if lock.entry_of.is_some() => format!("w{}", lock.entry_of.unwrap_or(0)),
                 Kind::Lock => lock.keys.len().to_string(),
                 Kind::Permit { .. } => "p".to_string(),
                 Kind::Read => format!("r{}", lock.keys.len()),
@@ -220,37 +274,101 @@ pub(crate) fn parse_refreshed(reply: Value, len: usize) -> RedisResult<Vec<bool>
     Ok(held)
 }
 
-/// Deletes those of `keys` that still hold `value`, and announces each free key on
-/// `channels` + key (nothing is announced when `channels` is empty); not `held` when some
-/// key no longer held `value`.
+/// Gives a hold up (see `lua/queue/release.lua`, or without the queue
+/// `lua/release.lua`): whether it was whole, and the waiters of this locker given theirs.
 pub(crate) fn release(
     con: &mut dyn ConnectionLike,
-    kind: Kind,
-    keys: &[String],
-    value: &str,
-    channels: &str,
+    release: &Release<'_>,
 ) -> RedisResult<Released> {
-    parse_released(release_call(kind, keys, value, channels).run(con)?)
+    parse_released(release_call(release, None).run(con)?)
 }
 
-/// The release script's answer: whether the lock was held (and is now deleted), in the
-/// lowest bit; above it, how many listeners the most-heard announcement reached.
+/// The release script's answer: 1 or 0 (whether the hold was whole), or that followed by
+/// each waiter of this locker given its hold (its value, then its fences joined by ',').
 pub(crate) fn parse_released(reply: Value) -> RedisResult<Released> {
-    let n: u64 = redis::from_redis_value(reply)?;
-    Ok(Released {
-        held: n & 1 == 1,
-        listeners: n >> 1,
-    })
+    if let Value::Int(n) = reply {
+        return Ok(Released {
+            held: n & 1 == 1,
+            handed: Vec::new(),
+        });
+    }
+    match redis::from_redis_value::<Vec<Value>>(reply)?.as_slice() {
+        [held, handed @ ..] => Ok(Released {
+            held: redis::from_redis_value_ref::<i64>(held)? == 1,
+            handed: parse_handed(handed)?,
+        }),
+        [] => Err(RedisError::from((
+            ErrorKind::UnexpectedReturnType,
+            "release script answered with nothing",
+        ))),
+    }
 }
 
-pub(crate) fn release_call(kind: Kind, keys: &[String], value: &str, channels: &str) -> Call {
-    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-    let script = match kind {
-        Kind::Lock => &RELEASE,
-        Kind::Permit { .. } => &PERMIT_RELEASE,
-        Kind::Read => &READ_RELEASE,
+/// Pairs of a value and its fences (joined by ','), as the queue's scripts list the
+/// waiters of the caller's locker they served.
+pub(crate) fn parse_handed(items: &[Value]) -> RedisResult<Vec<Handed>> {
+    items
+        .chunks(2)
+        .map(|pair| {
+            let [value, fences] = pair else {
+                return Err(RedisError::from((
+                    ErrorKind::UnexpectedReturnType,
+                    "a served waiter without its fences",
+                )));
+            };
+            let fences: String = redis::from_redis_value_ref(fences)?;
+            let fences = fences
+                .split(',')
+                .filter(|fence| !fence.is_empty())
+                .map(|fence| fence.parse::<u64>().ok().filter(|fence| *fence >= 1))
+                .collect::<Option<Vec<u64>>>()
+                .ok_or_else(|| {
+                    RedisError::from((ErrorKind::UnexpectedReturnType, "a bad fencing token"))
+                })?;
+            Ok(Handed {
+                value: redis::from_redis_value_ref(value)?,
+                fences,
+            })
+        })
+        .collect()
+}
+
+/// The release script's call; with `downgrade_ms`, the lock becomes a shared hold with
+/// that TTL instead (with the queue only).
+pub(crate) fn release_call(release: &Release<'_>, downgrade_ms: Option<u64>) -> Call {
+    let queue = match release.queue {
+        None if release.kind == Kind::Lock && downgrade_ms.is_none() => {
+            let keys: Vec<&str> = release.keys.iter().map(String::as_str).collect();
+            return Call::new(&RELEASE, &keys, &[release.value, release.announce]);
+        }
+        queue => queue,
     };
-    Call::new(script, &keys, &[value, channels])
+    let companions = match queue {
+        Some(_) => queue_keys(release.prefix, release.keys),
+        None => Vec::new(),
+    };
+    let keys: Vec<&str> = release
+        .keys
+        .iter()
+        .chain(&companions)
+        .map(String::as_str)
+        .collect();
+    let ttl = downgrade_ms.map(|ms| ms.to_string()).unwrap_or_default();
+    let kind = if downgrade_ms.is_some() {
+        "d"
+    } else {
+        kind_letter(release.kind)
+    };
+    let args = [
+        release.value,
+        kind,
+        queue.map_or("", |queue| queue.channel),
+        queue.and_then(|queue| queue.entry).unwrap_or_default(),
+        release.announce,
+        &ttl,
+        if queue.is_some() { "1" } else { "" },
+    ];
+    Call::new(&QUEUE_RELEASE, &keys, &args)
 }
 
 /// The shortest remaining TTL of `keys` if every one still holds `value`; `None` when not
@@ -284,30 +402,13 @@ pub(crate) fn parse_ttl(reply: Value) -> RedisResult<Option<Duration>> {
     })
 }
 
-/// Takes back the intent a writer with `value` recorded on those of `keys` that readers
-/// share (see `lua/read/withdraw.lua`), announcing each on `channels` + key.
-pub(crate) fn withdraw(
-    con: &mut dyn ConnectionLike,
-    keys: &[String],
-    value: &str,
-    channels: &str,
-) -> RedisResult<()> {
-    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-    Call::new(&WITHDRAW, &keys, &[value, channels])
-        .run(con)
-        .map(drop)
-}
-
-/// Turns the lock `value` holds on `keys` into a shared hold with `ttl_ms`, in one step
-/// (see `lua/read/downgrade.lua`); not `held` when some key no longer held the lock.
+/// Turns the lock `release.value` holds on its keys into a shared hold with `ttl_ms`, in
+/// one step, letting in the readers first in line; not `held` when some key no longer
+/// held the lock (nothing changed then).
 pub(crate) fn downgrade(
     con: &mut dyn ConnectionLike,
-    keys: &[String],
-    value: &str,
+    release: &Release<'_>,
     ttl_ms: u64,
-    channels: &str,
 ) -> RedisResult<Released> {
-    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-    let ttl_ms = ttl_ms.to_string();
-    parse_released(Call::new(&DOWNGRADE, &keys, &[value, &ttl_ms, channels]).run(con)?)
+    parse_released(release_call(release, Some(ttl_ms)).run(con)?)
 }

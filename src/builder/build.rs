@@ -305,6 +305,7 @@ impl LockerBuilder {
             self.prefix,
             self.on_lost,
             replica_timeout,
+            self.waiter_lifetime,
         ))
     }
 

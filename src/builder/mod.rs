@@ -44,6 +44,7 @@ pub struct LockerBuilder {
     on_lost: Option<OnLost>,
     /// `None`: a quarter of the I/O timeout.
     replica_timeout: Option<Duration>,
+    waiter_lifetime: Duration,
     /// For Sentinel: how to log in to the master.
     master: MasterLogin,
 }
@@ -72,6 +73,7 @@ impl Default for LockerBuilder {
             tls_root: None,
             on_lost: None,
             replica_timeout: None,
+            waiter_lifetime: Duration::from_millis(1500),
             master: MasterLogin::default(),
         }
     }
@@ -198,6 +200,21 @@ impl LockerBuilder {
         self
     }
 
+    /// How long a waiter's place in a key's queue lasts unless the locker's refresher
+    /// renews it (at a third of this, in the same round trip as its holds'). A waiter
+    /// whose process died (or froze) holds the others up by at most this and a third
+    /// more (the next waiter's renewal notices), also when a release had just given it
+    /// the keys: a hold given to a waiter lasts only what its place had left until its
+    /// own refresher lengthens it. See [semantics](crate::guide::semantics). From 30 ms
+    /// to 1 hour; keep it well above the longest pause the process may take (a waiter
+    /// paused past it loses its place, and joins again at the back).
+    ///
+    /// Defaults to 1.5 s: a dead waiter costs the others at most about 2 s.
+    pub fn waiter_lifetime(mut self, lifetime: Duration) -> Self {
+        self.waiter_lifetime = lifetime;
+        self
+    }
+
     /// How long a hold taken with [`LockOptions::replicas`](crate::LockOptions::replicas)
     /// waits for its replicas' acknowledgement, on acquire and on each refresh round
     /// (`WAIT`'s timeout; the connection is busy meanwhile). Must be below the
@@ -255,6 +272,13 @@ impl LockerBuilder {
                     "{name}_timeout is 0: every network wait needs a bound above zero"
                 )));
             }
+        }
+        let lifetime = self.waiter_lifetime;
+        if lifetime < Duration::from_millis(30) || lifetime > Duration::from_secs(3600) {
+            return Err(Error::InvalidInput(format!(
+                "waiter_lifetime of {lifetime:?} is outside 30 ms to 1 hour: a waiter renews \
+                 its place at a third of it"
+            )));
         }
         Ok(())
     }

@@ -1,11 +1,13 @@
 //! The state of one held lock, shared by its guard and the refresher.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
 use crate::backend::Replicas;
+use crate::wait::{Letter, Mailbox};
 
 /// What a hold is. Every kind shares the same state, refresher, waiting and backends;
 /// only the scripts that act on Redis differ.
@@ -15,11 +17,11 @@ pub(crate) enum Kind {
     Lock,
     /// One of at most `limit` permits of a semaphore. Its one key is the semaphore: a
     /// sorted set of values, each scored by its expiry on the server's clock, and the
-    /// limit in use (see `lua/semaphore/acquire.lua`); with fencing, the acquire script
+    /// limit in use (see `lua/queue/acquire.lua`); with fencing, the acquire script
     /// also gets the semaphore's fencing counter.
     Permit { limit: u32 },
-    /// A shared hold of every key (a read lock): each key a sorted set of its readers and
-    /// of the intents of writers that wait for it (see `lua/read/acquire.lua`).
+    /// A shared hold of every key (a read lock): each key a sorted set of its readers (see
+    /// `lua/queue/queue.lua`).
     Read,
 }
 
@@ -54,6 +56,11 @@ pub(crate) struct Held {
     refresh_done: Condvar,
     /// Refreshed only once this many replicas acknowledge it.
     pub(crate) replicas: Option<Replicas>,
+    /// Not a hold but a waiter's queue entry on that many keys (see `hold::place`): its
+    /// `keys` are the entry's, its `value` the entry, its TTL the entry's lifetime.
+    pub(crate) entry_of: Option<usize>,
+    /// For an entry: where its waiter hears that the entry is gone.
+    mailbox: Option<Arc<Mailbox>>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -85,8 +92,23 @@ impl Timing {
         }
     }
 
+    /// A hold given to a waiter by a script, for `claim_ms` counted from `sent_at` (the
+    /// last renewal of its queue entry), to be refreshed to `ttl_ms`.
+    pub(crate) fn claimed(ttl_ms: u64, sent_at: Instant, claim_ms: u64) -> Timing {
+        Timing {
+            ttl_ms,
+            sent_at,
+            expires_at: expiry(sent_at, claim_ms),
+        }
+    }
+
     pub(crate) fn expires_at(&self) -> Instant {
         self.expires_at
+    }
+
+    /// When the newest acquire or refresh that succeeded was sent.
+    pub(crate) fn sent_at(&self) -> Instant {
+        self.sent_at
     }
 
     /// When the refresher should extend the lock: with two thirds of its TTL left, or,
@@ -142,6 +164,28 @@ impl Held {
             refreshing: Mutex::new(false),
             refresh_done: Condvar::new(),
             replicas: None,
+            entry_of: None,
+            mailbox: None,
+        }
+    }
+
+    /// A waiter's queue entry on `keys` main keys, whose waiter hears at `mailbox` that
+    /// the entry is gone (see `hold::place`).
+    pub(crate) fn queued(mut self, keys: usize, mailbox: Arc<Mailbox>) -> Held {
+        self.entry_of = Some(keys);
+        self.mailbox = Some(mailbox);
+        self
+    }
+
+    /// For an entry the refresher no longer finds queued (or could not renew in time):
+    /// its waiter asks Redis (it may have been given its hold). `false` for a hold.
+    pub(crate) fn tell_waiter(&self) -> bool {
+        match &self.mailbox {
+            Some(mailbox) => {
+                mailbox.post(Letter::Attempt);
+                true
+            }
+            None => false,
         }
     }
 

@@ -1,13 +1,14 @@
 //! The RAII owner of a hold, whatever its kind: what [`LockGuard`](crate::LockGuard) and
 //! [`Permit`](crate::Permit) are made of. It asks the refresher to keep the hold alive,
-//! answers `ttl`, `refresh` and `is_lost`, and gives the hold up on release or drop (a
-//! lock to the first waiter of this locker in line for the same keys, when there is one).
+//! answers `ttl`, `refresh` and `is_lost`, and gives the hold up on release or drop (the
+//! release script gives the keys to the waiters next in the server's queue, wherever they
+//! run).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{Held, Kind, Timing};
-use crate::backend::{Acquired, Attempt, Refresh, Refreshed};
+use crate::backend::{Queue, Refresh, Refreshed, Release};
 use crate::options::checked_ttl;
 use crate::shared::Shared;
 use crate::{Error, Result, stats};
@@ -91,6 +92,7 @@ impl Holding {
         self.held.set_ttl(ttl_ms);
         let hold = Refresh {
             kind: self.held.kind,
+            entry_of: None,
             keys: &self.held.keys,
             value: &self.held.value,
             ttl_ms,
@@ -156,14 +158,11 @@ impl Holding {
         // From here a refresh that finds the lock gone found the downgrade.
         held.end();
         let ttl_ms = held.timing().ttl_ms;
-        let subscriber = &self.shared.subscriber;
         let sent_at = Instant::now();
-        let downgraded = self.shared.backend.downgrade(
-            &held.keys,
-            &held.value,
-            ttl_ms,
-            subscriber.release_channels(),
-        )?;
+        let downgraded = self
+            .shared
+            .backend
+            .downgrade(&self.release_request(), ttl_ms)?;
         // The lock is gone either way: nothing for drop to do.
         self.released = true;
         if self.auto_refresh {
@@ -173,7 +172,8 @@ impl Holding {
             held.mark_lost();
             return Err(Error::LockLost);
         }
-        subscriber.released(&held.keys, downgraded.listeners);
+        // Readers first in line came in with it.
+        self.shared.subscriber.handed(downgraded.handed, sent_at);
         let shared_hold = held.converted(Kind::Read, Timing::new(ttl_ms, sent_at));
         Holding::new(Arc::clone(&self.shared), shared_hold, self.auto_refresh)
     }
@@ -191,76 +191,42 @@ impl Holding {
                 self.shared.refresher.tell_lost(Arc::clone(&self.held));
             }
         }
-        Ok(self.give_up()? && !known_lost)
+        Ok(self.release_for_real()? && !known_lost)
     }
 
-    /// Hands a lock over to the first waiter of this locker in line for the same keys, or
-    /// gives the hold up in Redis; `false` when not held.
-    fn give_up(&self) -> Result<bool> {
-        // Permits and shared holds are not handed over: a release lets the next waiter in
-        // line attempt.
-        if self.held.kind != Kind::Lock {
-            return self.release_for_real();
-        }
-        let subscriber = &self.shared.subscriber;
-        let Some(claim) = subscriber.claim(&self.held.keys) else {
-            return self.release_for_real();
-        };
-        let offer = claim.offer();
-        let attempt = Attempt {
-            kind: Kind::Lock,
-            keys: &offer.keys,
-            value: &offer.value,
-            owner_len: offer.owner_len,
-            ttl_ms: offer.ttl_ms,
-            fencing: offer.fencing,
-            prefix: &self.shared.prefix,
-            fixed_token: offer.fixed_token,
-            over: Some(&self.held.value),
-            intent: None,
-            channels: self.shared.subscriber.release_channels(),
-            replicas: offer.replicas,
-        };
-        let sent_at = Instant::now();
-        let failed = match self.shared.backend.hand_over(&attempt) {
-            Some(Ok(Acquired::Yes { fences, .. })) => {
-                claim.handed(fences, sent_at);
-                return Ok(true);
-            }
-            Some(Err(failed)) => failed,
-            // Not handed over (the lock was gone, or the backend cannot): released as
-            // usual, and only then is the waiter told to attempt by itself.
-            _ => {
-                let released = self.release_for_real();
-                drop(claim);
-                return released;
-            }
-        };
-        // Redis failed: the waiter goes on by itself at once (the claim has kept it a
-        // round trip already; it hears the release below, finds the keys free, or finds
-        // them its own, re-obtained by its value, should the hand-over have run).
-        claim.failed();
-        match self.release_for_real() {
-            // The keys are not ours: the hand-over may have run without an answer (the
-            // waiter holds them) or not (the lock was lost). Say what is known.
-            Ok(false) => Err(failed),
-            released => released,
-        }
-    }
-
-    /// The release script of the hold's kind, announcing the release to every waiter.
+    /// The release script of the hold's kind, which gives the keys to the waiters first
+    /// in the queue (or, without it, announces them).
     fn release_for_real(&self) -> Result<bool> {
-        let subscriber = &self.shared.subscriber;
-        let held = &self.held;
-        let released = self.shared.backend.release(
-            held.kind,
-            &held.keys,
-            &held.value,
-            subscriber.release_channels(),
-        )?;
-        subscriber.released(&held.keys, released.listeners);
-        log::debug!("redguard: {:?} of {:?} given up", held.kind, held.names());
+        let sent_at = Instant::now();
+        let released = self.shared.backend.release(&self.release_request())?;
+        // Waiters of this locker served by it hear it from here, not from a message.
+        self.shared.subscriber.handed(released.handed, sent_at);
+        log::debug!(
+            "redguard: {:?} of {:?} given up",
+            self.held.kind,
+            self.held.names()
+        );
         Ok(released.held)
+    }
+
+    /// What gives the hold up.
+    fn release_request(&self) -> Release<'_> {
+        let (shared, held) = (&self.shared, &self.held);
+        Release {
+            kind: held.kind,
+            keys: &held.keys,
+            value: &held.value,
+            prefix: &shared.prefix,
+            queue: shared
+                .backend
+                .queues(&held.keys, &shared.prefix)
+                .then(|| Queue {
+                    channel: shared.subscriber.channel(),
+                    entry: None,
+                    lifetime_ms: 1,
+                }),
+            announce: shared.announce(),
+        }
     }
 }
 

@@ -6,11 +6,12 @@
 mod held;
 mod holding;
 mod obtain;
+mod place;
 mod refresher;
 mod token;
 
 pub(crate) use held::{Held, Kind, Timing, drift_ms, later};
 pub(crate) use holding::Holding;
-pub(crate) use obtain::{INTENT_LIFETIME, Request, obtain};
+pub(crate) use obtain::{Request, obtain};
 pub(crate) use refresher::Refresher;
 pub(crate) use token::{is_random_form, metadata_of, owner_part, random_token};

@@ -1,15 +1,24 @@
-//! Obtaining a hold, whatever its kind: the one waiting loop of every primitive. Attempt;
-//! while the hold is taken elsewhere, wait in this locker's line for the keys (woken by a
-//! release, a turn, or a hand-over), as the retry policy and timeout allow; attempt again.
+//! Obtaining a hold, whatever its kind: the one waiting loop of every primitive.
+//!
+//! 1. [`Plan`]: the checks, the value, the deadline: everything fixed for the whole wait.
+//! 2. [`attempt`]: one script call. With the server's queue, an attempt that finds the
+//!    keys held (or others before it) leaves the waiter's entry in each key's queue, in
+//!    the same script, and the waiter gets a [`Place`].
+//! 3. [`sleep`]: until word comes (a script gave the waiter its hold: done, without a
+//!    round trip; or it should ask), until what holds the keys may have expired, or until
+//!    the next retry delay; without the queue, until a release is heard.
+//! 4. Again from 2, until the hold is taken, the retries run out or the deadline passes.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::place::{Place, Word, millis};
 use super::{Held, Holding, Kind, Timing, later, owner_part, random_token};
-use crate::backend::{Acquired, Attempt, Replicas};
+use crate::backend::{Acquired, Attempt, Queue, Refresh, Refreshed, Replicas};
 use crate::options::{checked_token, checked_ttl};
+use crate::retry::Delays;
 use crate::shared::Shared;
-use crate::wait::{Offer, Seen, Ticket, Wake};
+use crate::wait::{Seen, Ticket, Wake};
 use crate::{Error, LockOptions, Result, stats};
 
 /// On a quorum, a release heard from one node may not have reached the others yet: an
@@ -19,11 +28,6 @@ use crate::{Error, LockOptions, Result, stats};
 /// in all, as a loaded host can hold the release's other requests up that long.
 const QUICK_PAUSE: Duration = Duration::from_millis(1);
 const QUICK_RETRIES: u32 = 6;
-
-/// How long a waiting lock's intent (recorded where readers share its keys, so that new
-/// readers wait behind it) lives unless renewed: the waiting loop renews it by an attempt
-/// at a third of this, so a waiter whose process died holds new readers off only so long.
-pub(crate) const INTENT_LIFETIME: Duration = Duration::from_secs(2);
 
 /// What to obtain: a hold of some kind on its keys.
 pub(crate) struct Request {
@@ -43,7 +47,8 @@ pub(crate) fn obtain(
     no_quorum: impl Fn() -> Error,
 ) -> Result<Holding> {
     let (kind, started) = (request.kind, Instant::now());
-    let obtained = attempts(shared, request, options, no_quorum, started);
+    let obtained = Plan::new(shared, request, &options, started)
+        .and_then(|plan| plan.obtain(&options, &no_quorum));
     let result = match &obtained {
         Ok(_) => "held",
         Err(Error::NotObtained) => "not_obtained",
@@ -53,291 +58,460 @@ pub(crate) fn obtain(
     obtained
 }
 
-/// [`obtain`]'s attempts and waits. Over 80 lines: the one waiting loop of every
-/// primitive, whose state (ticket, intent, delays, deadline) lives across its turns; the
-/// server-side queue (the next issue) turns it into a few named steps.
-fn attempts(
-    shared: &Arc<Shared>,
-    request: Request,
-    options: LockOptions,
-    no_quorum: impl Fn() -> Error,
+/// Everything fixed for the whole wait.
+struct Plan<'a> {
+    shared: &'a Arc<Shared>,
+    kind: Kind,
+    keys: Vec<String>,
+    names: Option<Vec<String>>,
+    /// The owner part, then the metadata; `token_at` is where the token is in it.
+    value: String,
+    token_at: std::ops::Range<usize>,
+    ttl_ms: u64,
+    fencing: bool,
+    fixed_token: bool,
+    replicas: Option<Replicas>,
     started: Instant,
-) -> Result<Holding> {
-    let Request { kind, keys, names } = request;
-    let prefix = shared.prefix.as_str();
-    let ttl_ms = checked_ttl(options.ttl.unwrap_or(shared.default_ttl))?;
-    shared
-        .backend
-        .supports(kind, &keys, names.as_deref(), prefix, &options, ttl_ms)?;
-    let replicas = (options.replicas > 0).then_some(Replicas {
-        wanted: options.replicas,
-        timeout: shared.replica_timeout,
-    });
-    let fixed_token = options.token.is_some();
-    let token = match options.token {
-        Some(token) => {
-            checked_token(&token)?;
-            token
-        }
-        None => random_token()?,
-    };
-    let owner = owner_part(&token);
-    // The token ends the owner part; the metadata follows it.
-    let token_at = owner.len() - token.len()..owner.len();
-    let value = owner + &options.metadata;
-    // A timeout too long for the clock is no deadline at all.
-    let deadline = options.timeout.and_then(|t| started.checked_add(t));
-    let mut delays = options.retry.delays();
-    let subscriber = &shared.subscriber;
-    // What a releasing guard of this locker needs to hand the lock over to us.
-    let offer = Arc::new(Offer {
-        kind,
-        keys,
-        value,
-        owner_len: token_at.end,
-        ttl_ms,
-        fencing: options.fencing,
-        fixed_token,
-        replicas,
-    });
-    let keys = &offer.keys;
-    // In line once an attempt found the keys held; at once, without an attempt, while
-    // they pass between threads of this locker by hand-overs (or others have their
-    // head start).
-    let mut ticket: Option<Ticket<'_>> = subscriber
-        .defers(&offer)
-        .then(|| subscriber.wait_for(Arc::clone(&offer), Seen::default()));
-    // A value of its own for each attempt after the first, where a late take-back of
-    // an earlier one could otherwise delete what a later one took (random tokens only:
-    // a fixed token's attempts are never taken back blindly).
-    let renew = !fixed_token && shared.backend.takes_back(keys);
-    // A lock that may wait records its intent where readers share a key, so that new
-    // readers wait behind it; taken back if it gives up (else it expires with its TTL).
-    // One that makes a single attempt (try_lock, a zero timeout) records none: it would
-    // only be taken back again, waking every waiting reader.
-    let waits = kind == Kind::Lock
-        && options.retry.waits()
-        && options.timeout.is_none_or(|timeout| !timeout.is_zero());
-    let mut intent = Withdrawal {
-        shared,
-        keys,
-        value: None,
-    };
-    let offer_value = offer.value.as_str();
-    let mut attempt_value: Option<String> = None;
-    // Set when the wait is over (timeout, retries) and this waiter, not first in line,
-    // has not asked Redis since it last waited: one attempt of its own before it gives
-    // up, as the first in line may be asleep for its whole retry delay.
-    let mut last_try = false;
-    // The end of the current retry delay: a wake-up before it gives an attempt, not a
-    // retry, so `limit` and the backoff keep counting delays served.
-    let mut wake_at: Option<Instant> = None;
-    // Quick attempts left since a release was last heard.
-    let mut quick = 0;
+    deadline: Option<Instant>,
+    /// Whether it waits in the server's queue (else it listens for releases).
+    queued: bool,
+    /// Whether it waits at all: a single attempt (try_lock, a zero timeout) takes no
+    /// place in any queue.
+    waits: bool,
+    /// The waiter's queue entry (see `scripts::queue_entry`).
+    member: String,
+}
 
-    let (fences, sent_at) = loop {
-        let mut partial = false;
-        // When what holds the keys expires, should it have died (no release will be
-        // heard then); behind readers, also when the intent must be renewed.
-        let mut expires_in = None;
-        // Only the first in line talks to Redis; the others wait their turn.
-        let first = last_try || ticket.as_ref().is_none_or(Ticket::is_first);
-        // What a waiter has seen of the keys, noted before the attempt: a release heard
-        // while the attempt is in flight then ends the next wait at once.
-        let mut before = Seen::default();
-        if first {
-            match &mut ticket {
-                None => before = subscriber.seen(keys),
-                Some(ticket) => ticket.mark(),
-            }
-            if renew && ticket.is_some() {
-                attempt_value = Some(random_token()? + &options.metadata);
-            }
-            let sent_at = Instant::now();
-            // A plain SET first only where the key is likely free: on a first attempt,
-            // and not while threads of ours wait for it.
-            let set_first = ticket.is_none() && !subscriber.is_watched(&keys[0]);
-            let attempt = Attempt {
-                kind,
-                keys,
-                value: attempt_value.as_deref().unwrap_or(&offer.value),
-                owner_len: offer.owner_len,
-                ttl_ms,
-                fencing: options.fencing,
-                prefix,
-                fixed_token,
-                over: None,
-                intent: waits.then_some(offer_value),
-                channels: subscriber.release_channels(),
-                replicas,
-            };
-            match shared.backend.acquire(&attempt, set_first)? {
-                Acquired::Yes { fences, .. } => {
-                    if let Some(ticket) = &mut ticket {
-                        ticket.got_lock();
-                    }
-                    break (fences, sent_at);
-                }
-                Acquired::WrongType { key, kind: found } => {
-                    // Name a lock key as the caller did; a fencing counter by its Redis
-                    // name.
-                    let named = keys
-                        .iter()
-                        .position(|k| *k == key)
-                        .and_then(|i| names.as_ref().and_then(|names| names.get(i).cloned()));
-                    let key = named.unwrap_or(key);
-                    return Err(Error::WrongType { key, kind: found });
-                }
-                Acquired::OtherLimit { limit: stored } => {
-                    let name = names.as_ref().and_then(|names| names.first());
-                    let asked = match kind {
-                        Kind::Permit { limit } => limit,
-                        Kind::Lock | Kind::Read => 0,
-                    };
-                    return Err(Error::InvalidInput(format!(
-                        "semaphore {:?} is held with a limit of {stored}, not {asked}: every \
-                         user of a semaphore must give the same limit (another is accepted once \
-                         no permit is held)",
-                        name.unwrap_or(&keys[0])
-                    )));
-                }
-                Acquired::HeldElsewhere => {}
-                Acquired::BehindReaders { retry_in } => {
-                    intent.value = Some(offer_value);
-                    // Then the readers are gone, if they died; and the intent is renewed
-                    // by the next attempt well before it expires.
-                    let lifetime = INTENT_LIFETIME.min(Duration::from_millis(ttl_ms));
-                    expires_in = Some(retry_in.min(lifetime / 3));
-                }
-                Acquired::Busy { retry_in } => expires_in = Some(retry_in),
-                Acquired::Partial => partial = true,
-                Acquired::NoQuorum => return Err(no_quorum()),
-                Acquired::NotReplicated {
-                    acknowledged,
-                    wanted,
-                } => {
-                    return Err(Error::NotReplicated {
-                        acknowledged,
-                        wanted,
-                    });
-                }
-            }
-        }
-        let now = Instant::now();
-        let next = match wake_at {
-            _ if deadline.is_some_and(|deadline| now >= deadline) => None,
-            Some(at) if at > now => Some(at),
-            _ => delays.next().map(|delay| later(now, delay)),
-        };
-        let Some(mut until) = next else {
-            if first {
-                log::debug!(
-                    "redguard: {keys:?} not obtained after {:?}",
-                    started.elapsed()
-                );
-                return Err(Error::NotObtained);
-            }
-            last_try = true;
-            continue;
-        };
-        if let Some(deadline) = deadline {
-            // One last attempt at the deadline itself.
-            until = until.min(deadline);
-        }
-        wake_at = Some(until);
-        if let Some(expires_in) = expires_in {
-            // A holder that died frees its permit then, without any release to hear.
-            until = until.min(later(now, expires_in));
-        }
-        if partial && quick > 0 {
-            let pause = QUICK_PAUSE * (1 << (QUICK_RETRIES - quick));
-            quick -= 1;
-            // At a random moment, so that the woken waiters do not collide again.
-            until = until.min(now + pause + delays.jitter(pause));
-        }
-        let ticket = ticket.get_or_insert_with(|| {
-            log::debug!("redguard: {kind:?} of {keys:?} held elsewhere: waiting in line");
-            subscriber.wait_for(Arc::clone(&offer), before)
+/// What changes from one attempt to the next.
+struct Waiting<'b> {
+    delays: Delays,
+    /// The end of the current retry delay: a wake-up before it gives an attempt, not a
+    /// retry, so `limit` and the backoff keep counting delays served.
+    wake_at: Option<Instant>,
+    /// With the queue: the waiter's place, once an attempt gave it one.
+    place: Option<Place<'b>>,
+    /// Without the queue: the waiter's registration for the keys' releases.
+    ticket: Option<Ticket<'b>>,
+    /// Without the queue: what the waiter had seen of its keys before its last attempt.
+    before: Seen,
+    /// On a quorum, an attempt of its own for each attempt after the first (see
+    /// `Backend::takes_back`): its value.
+    attempt_value: Option<String>,
+    /// Quick attempts left since a release was last heard (on a quorum).
+    quick: u32,
+    /// When what holds the keys expires, should it have died: a queued waiter, which
+    /// otherwise waits for word, attempts then.
+    expires_at: Option<Instant>,
+}
+
+/// How a sleep ended.
+enum Woke {
+    /// A script gave the waiter its hold.
+    Taken(Taken),
+    /// Attempt now.
+    Attempt,
+    /// A retry delay passed: a queued waiter sleeps on (its place keeps its turn), one
+    /// that is not attempts.
+    DelayServed,
+}
+
+/// What one attempt ended in.
+enum Step {
+    Taken {
+        fences: Vec<u64>,
+        timing: Timing,
+    },
+    /// Not taken: what holds the keys expires in this long, should it have died (`None`:
+    /// not known); `partial` on a quorum that found only some nodes free.
+    Wait {
+        expires_in: Option<Duration>,
+        partial: bool,
+    },
+}
+
+impl<'a> Plan<'a> {
+    fn new(
+        shared: &'a Arc<Shared>,
+        request: Request,
+        options: &LockOptions,
+        started: Instant,
+    ) -> Result<Plan<'a>> {
+        let Request { kind, keys, names } = request;
+        let ttl_ms = checked_ttl(options.ttl.unwrap_or(shared.default_ttl))?;
+        let prefix = shared.prefix.as_str();
+        shared
+            .backend
+            .supports(kind, &keys, names.as_deref(), prefix, options, ttl_ms)?;
+        let replicas = (options.replicas > 0).then_some(Replicas {
+            wanted: options.replicas,
+            timeout: shared.replica_timeout,
         });
-        let wake = ticket.wait_until(until);
-        log::debug!("redguard: a waiter for {keys:?} woke: {wake:?}");
-        match wake {
-            Wake::Handed { fences, sent_at } => {
-                stats::woken("handover");
-                ticket.got_lock();
-                attempt_value = None; // handed the offer's value
-                break (fences, sent_at);
+        let token = match &options.token {
+            Some(token) => {
+                checked_token(token)?;
+                token.clone()
             }
-            Wake::Released => {
-                stats::woken("release");
-                quick = QUICK_RETRIES;
-            }
-            Wake::Turn => stats::woken("turn"),
-            Wake::Declined { failed } => {
-                stats::woken("turn");
-                // Kept past the deadline by a hand-over that could not be made: no attempt
-                // now, or the call would wait out a second round trip (a frozen server).
-                if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
-                    log::debug!("redguard: {keys:?} not obtained: a hand-over failed");
-                    // Redis failed: the keys may be in this waiter's name (until its TTL),
-                    // which "held elsewhere" would hide.
-                    return Err(match failed {
-                        true => Error::Redis(handover_failed()),
-                        false => Error::NotObtained,
-                    });
-                }
-            }
-            Wake::Timeout => stats::woken("timeout"),
+            None => random_token()?,
+        };
+        let owner = owner_part(&token);
+        // The token ends the owner part; the metadata follows it.
+        let token_at = owner.len() - token.len()..owner.len();
+        let mut plan = Plan {
+            shared,
+            kind,
+            queued: shared.backend.queues(&keys, prefix),
+            keys,
+            names,
+            value: owner + &options.metadata,
+            token_at,
+            ttl_ms,
+            fencing: options.fencing,
+            fixed_token: options.token.is_some(),
+            replicas,
+            started,
+            // A timeout too long for the clock is no deadline at all.
+            deadline: options.timeout.and_then(|t| started.checked_add(t)),
+            waits: options.retry.waits() && options.timeout.is_none_or(|t| !t.is_zero()),
+            member: String::new(),
+        };
+        if plan.queued && plan.waits {
+            plan.member =
+                crate::backend::queue_entry(&plan.attempt(None, None), shared.subscriber.channel());
         }
-    };
-    log::debug!(
-        "redguard: {kind:?} of {keys:?} taken after {:?}",
-        started.elapsed()
-    );
-    // Taken with the keys: nothing to take back.
-    intent.value = None;
-    drop(intent);
-    // Out of line first: the offer is then this thread's alone, and moves into the guard.
-    drop(ticket);
-    let Offer { keys, value, .. } = Arc::try_unwrap(offer).unwrap_or_else(|shared| Offer {
-        keys: shared.keys.clone(),
-        value: shared.value.clone(),
-        ..*shared
-    });
-    // A random token of this attempt's own has the same place in the value.
-    let value = attempt_value.unwrap_or(value);
-    let timing = Timing::new(ttl_ms, sent_at);
-    let held = Held::new(kind, keys, value, token_at, fences, timing);
-    let held = held.named(names).replicated(replicas);
-    Holding::new(Arc::clone(shared), held, options.auto_refresh)
-}
+        Ok(plan)
+    }
 
-/// What a waiter is told when Redis failed while a lock was handed over to it.
-fn handover_failed() -> redis::RedisError {
-    redis::RedisError::from((
-        redis::ErrorKind::Io,
-        "redis failed while the lock was handed over to this waiter",
-        "the hand-over may have run: its keys may be held in this waiter's name until \
-         their TTL"
-            .to_string(),
-    ))
-}
-
-/// The intent a waiting lock recorded on keys that readers share, taken back (best
-/// effort) when the wait ends without the lock, so that readers need not wait for it to
-/// expire.
-struct Withdrawal<'a> {
-    shared: &'a Shared,
-    keys: &'a [String],
-    /// The value the intent was recorded by (the waiter's), once it was.
-    value: Option<&'a str>,
-}
-
-impl Drop for Withdrawal<'_> {
-    fn drop(&mut self) {
-        if let Some(value) = self.value.take() {
-            let channels = self.shared.subscriber.release_channels();
-            let _ = self.shared.backend.withdraw(self.keys, value, channels);
+    /// The request of one attempt, with `value` (else the plan's) and, with the queue,
+    /// the caller's `entry` should it have to wait.
+    fn attempt<'b>(&'b self, value: Option<&'b str>, entry: Option<&'b str>) -> Attempt<'b> {
+        Attempt {
+            kind: self.kind,
+            keys: &self.keys,
+            value: value.unwrap_or(&self.value),
+            owner_len: self.token_at.end,
+            ttl_ms: self.ttl_ms,
+            fencing: self.fencing,
+            prefix: &self.shared.prefix,
+            fixed_token: self.fixed_token,
+            queue: self.queued.then(|| Queue {
+                channel: self.shared.subscriber.channel(),
+                entry,
+                lifetime_ms: millis(self.shared.waiter_lifetime),
+            }),
+            channels: self.shared.announce(),
+            replicas: self.replicas,
         }
     }
+
+    /// The waiting loop, then the hold.
+    fn obtain(self, options: &LockOptions, no_quorum: &impl Fn() -> Error) -> Result<Holding> {
+        let taken = self.wait(options.retry.delays(), no_quorum)?;
+        log::debug!(
+            "redguard: {:?} of {:?} taken after {:?}",
+            self.kind,
+            self.keys,
+            self.started.elapsed()
+        );
+        self.into_holding(taken, options.auto_refresh)
+    }
+
+    /// Attempt, sleep, until held, out of retries or past the deadline.
+    fn wait(&self, delays: Delays, no_quorum: &impl Fn() -> Error) -> Result<Taken> {
+        let mut waiting = Waiting {
+            delays,
+            wake_at: None,
+            place: None,
+            ticket: None,
+            before: Seen::default(),
+            attempt_value: None,
+            quick: 0,
+            expires_at: None,
+        };
+        loop {
+            let (expires_in, partial) = match self.attempt_once(&mut waiting, no_quorum)? {
+                Step::Taken { fences, timing } => {
+                    let value = waiting.attempt_value.take();
+                    return Ok(Taken {
+                        fences,
+                        timing,
+                        value,
+                        handed: false,
+                    });
+                }
+                Step::Wait {
+                    expires_in,
+                    partial,
+                } => (expires_in, partial),
+            };
+            waiting.expires_at = expires_in.map(|wait| later(Instant::now(), wait));
+            loop {
+                let Some(until) = self.next_wake(&mut waiting, partial) else {
+                    // Out of time: a hold given to it just now is its own all the same.
+                    if let Some(place) = &mut waiting.place
+                        && let Some((fences, sent_at)) = place.handed_meanwhile()
+                        && let Some(taken) = self.confirmed(self.handed(place, fences, sent_at))?
+                    {
+                        return Ok(taken);
+                    }
+                    log::debug!(
+                        "redguard: {:?} not obtained after {:?}",
+                        self.keys,
+                        self.started.elapsed()
+                    );
+                    return Err(Error::NotObtained);
+                };
+                match self.sleep(&mut waiting, until) {
+                    Woke::Taken(taken) => match self.confirmed(taken)? {
+                        Some(taken) => return Ok(taken),
+                        None => break, // gone already: its place is gone too
+                    },
+                    Woke::Attempt => break,
+                    Woke::DelayServed => {}
+                }
+            }
+        }
+    }
+
+    /// One attempt; with the queue, a place for the waiter when it has to wait.
+    fn attempt_once<'b>(
+        &'b self,
+        waiting: &mut Waiting<'b>,
+        no_quorum: &impl Fn() -> Error,
+    ) -> Result<Step> {
+        // What the waiter has seen of its keys, noted before the attempt: a release heard
+        // while it is in flight then ends the next wait at once.
+        match &mut waiting.ticket {
+            Some(ticket) => ticket.mark(),
+            None if !self.queued => waiting.before = self.shared.subscriber.seen(&self.keys),
+            None => {}
+        }
+        let renew = self.shared.backend.takes_back(&self.keys) && !self.fixed_token;
+        if renew && waiting.ticket.is_some() {
+            waiting.attempt_value = Some(random_token()? + &self.value[self.token_at.end..]);
+        }
+        let entry = (self.waits && self.queued).then_some(self.member.as_str());
+        let attempt = self.attempt(waiting.attempt_value.as_deref(), entry);
+        // A plain SET first only on a first attempt, where the key is likely free.
+        let first = waiting.place.is_none() && waiting.ticket.is_none();
+        let sent_at = Instant::now();
+        let (expires_in, partial) = match self.shared.backend.acquire(&attempt, first)? {
+            Acquired::Yes { fences, .. } => {
+                if let Some(place) = &mut waiting.place {
+                    place.served();
+                }
+                let timing = Timing::new(self.ttl_ms, sent_at);
+                return Ok(Step::Taken { fences, timing });
+            }
+            Acquired::Queued { retry_in, handed } => {
+                self.shared.subscriber.handed(handed, sent_at);
+                (Some(retry_in), false)
+            }
+            Acquired::HeldElsewhere => (None, false),
+            Acquired::Partial => (None, true),
+            Acquired::WrongType { key, kind } => {
+                return Err(Error::WrongType {
+                    key: self.name_of(key),
+                    kind,
+                });
+            }
+            Acquired::OtherLimit { limit } => return Err(self.other_limit(limit)),
+            Acquired::NoQuorum => return Err(no_quorum()),
+            Acquired::NotReplicated {
+                acknowledged,
+                wanted,
+            } => {
+                return Err(Error::NotReplicated {
+                    acknowledged,
+                    wanted,
+                });
+            }
+        };
+        if let Some(entry) = entry {
+            match &mut waiting.place {
+                Some(place) => place.requeued(sent_at),
+                None => {
+                    log::debug!("redguard: {:?} of {:?} held: queued", self.kind, self.keys);
+                    let place = Place::new(
+                        self.shared,
+                        self.kind,
+                        &self.keys,
+                        &self.value,
+                        entry,
+                        sent_at,
+                    );
+                    waiting.place = Some(place);
+                }
+            }
+        }
+        Ok(Step::Wait {
+            expires_in,
+            partial,
+        })
+    }
+
+    /// When to wake at the latest: at the end of the current retry delay (the next one if
+    /// it is over), at the deadline, when what holds the keys expires should it have died,
+    /// and soon after a quorum found only some nodes free. `None`: the wait is over.
+    fn next_wake(&self, waiting: &mut Waiting<'_>, partial: bool) -> Option<Instant> {
+        if !self.waits {
+            return None;
+        }
+        let now = Instant::now();
+        let mut until = match waiting.wake_at {
+            _ if self.deadline.is_some_and(|deadline| now >= deadline) => return None,
+            Some(at) if at > now => at,
+            _ => later(now, waiting.delays.next()?),
+        };
+        if let Some(deadline) = self.deadline {
+            until = until.min(deadline); // one last attempt at the deadline itself
+        }
+        waiting.wake_at = Some(until);
+        if let Some(expires_at) = waiting.expires_at {
+            until = until.min(expires_at.max(now));
+        }
+        if partial && waiting.quick > 0 {
+            let pause = QUICK_PAUSE * (1 << (QUICK_RETRIES - waiting.quick));
+            waiting.quick -= 1;
+            // At a random moment, so that the woken waiters do not collide again.
+            until = until.min(now + pause + waiting.delays.jitter(pause));
+        }
+        Some(until)
+    }
+
+    /// Sleeps until `until` or until woken.
+    fn sleep<'b>(&'b self, waiting: &mut Waiting<'b>, until: Instant) -> Woke {
+        if let Some(place) = &mut waiting.place {
+            return match place.wait_until(until) {
+                Word::Handed(fences, sent_at) => {
+                    stats::woken("handover");
+                    Woke::Taken(self.handed(place, fences, sent_at))
+                }
+                Word::Attempt => {
+                    stats::woken("turn");
+                    Woke::Attempt
+                }
+                // What held the keys may have died: its expiry frees them, and no release
+                // serves the queue then.
+                Word::Timeout if waiting.expires_at.is_some_and(|at| Instant::now() >= at) => {
+                    stats::woken("timeout");
+                    Woke::Attempt
+                }
+                Word::Timeout => {
+                    stats::woken("timeout");
+                    Woke::DelayServed
+                }
+            };
+        }
+        let before = waiting.before;
+        let ticket = waiting
+            .ticket
+            .get_or_insert_with(|| self.shared.subscriber.watch(&self.keys, before));
+        match ticket.wait_until(until) {
+            Wake::Released => {
+                stats::woken("release");
+                waiting.quick = QUICK_RETRIES;
+            }
+            Wake::Subscribed => stats::woken("turn"),
+            Wake::Timeout => stats::woken("timeout"),
+        }
+        Woke::Attempt
+    }
+
+    /// A hold a script gave the waiter: it lasts what the waiter's entry had left.
+    fn handed(&self, place: &Place<'_>, fences: Vec<u64>, sent_at: Option<Instant>) -> Taken {
+        Taken {
+            fences,
+            timing: place.claim(self.ttl_ms, sent_at),
+            value: None,
+            handed: true,
+        }
+    }
+
+    /// A hold a script gave the waiter, if it is still sure to last by this process's
+    /// clock; else (a short TTL, a waiter that heard late) refreshed here first: `None`
+    /// when it is gone already.
+    fn confirmed(&self, taken: Taken) -> Result<Option<Taken>> {
+        if !taken.handed || taken.timing.expires_at() > Instant::now() {
+            return Ok(Some(taken));
+        }
+        let hold = Refresh {
+            kind: self.kind,
+            entry_of: None,
+            keys: &self.keys,
+            value: &self.value,
+            ttl_ms: self.ttl_ms,
+            replicas: self.replicas,
+        };
+        match self.shared.backend.refresh(std::slice::from_ref(&hold))?[..] {
+            [Refreshed::Held { sent_at }] => Ok(Some(Taken {
+                timing: Timing::new(self.ttl_ms, sent_at),
+                handed: false,
+                ..taken
+            })),
+            [
+                Refreshed::NotReplicated {
+                    acknowledged,
+                    wanted,
+                },
+            ] => Err(Error::NotReplicated {
+                acknowledged,
+                wanted,
+            }),
+            [Refreshed::Lost] => Ok(None),
+            _ => Err(Error::Redis(self.shared.backend.undecided())),
+        }
+    }
+
+    /// The hold, refreshed from here on (when it is auto-refreshed). One given by a script
+    /// has only what the waiter's entry had left: without auto-refresh, or with replicas
+    /// to wait for, it is refreshed to its TTL here, at once.
+    fn into_holding(self, taken: Taken, auto_refresh: bool) -> Result<Holding> {
+        let Taken {
+            fences,
+            timing,
+            value,
+            handed,
+        } = taken;
+        let (kind, ttl_ms, replicas) = (self.kind, self.ttl_ms, self.replicas);
+        // A random token of this attempt's own has the same place in the value.
+        let value = value.unwrap_or(self.value);
+        let held = Held::new(kind, self.keys, value, self.token_at, fences, timing);
+        let held = held.named(self.names).replicated(replicas);
+        let holding = Holding::new(Arc::clone(self.shared), held, auto_refresh)?;
+        if handed && (!auto_refresh || replicas.is_some()) {
+            holding.refresh(Duration::from_millis(ttl_ms))?;
+        }
+        Ok(holding)
+    }
+
+    /// A key as the caller named it (a fencing counter by its Redis name).
+    fn name_of(&self, key: String) -> String {
+        let named = self.keys.iter().position(|k| *k == key);
+        let names = self.names.as_ref();
+        named
+            .and_then(|i| names.and_then(|names| names.get(i).cloned()))
+            .unwrap_or(key)
+    }
+
+    fn other_limit(&self, stored: u32) -> Error {
+        let name = self.names.as_ref().and_then(|names| names.first());
+        let asked = match self.kind {
+            Kind::Permit { limit } => limit,
+            Kind::Lock | Kind::Read => 0,
+        };
+        Error::InvalidInput(format!(
+            "semaphore {:?} is held with a limit of {stored}, not {asked}: every user of a \
+             semaphore must give the same limit (another is accepted once no permit is held)",
+            name.unwrap_or(&self.keys[0])
+        ))
+    }
+}
+
+/// A hold taken: by an attempt (`value` when the attempt had a value of its own), or given
+/// by a script (`handed`).
+struct Taken {
+    fences: Vec<u64>,
+    timing: Timing,
+    value: Option<String>,
+    handed: bool,
 }

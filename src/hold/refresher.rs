@@ -226,7 +226,8 @@ fn run(state: &State, backend: &Backend, on_lost: Option<&OnLost>) {
 
 /// Logs a hold found lost and calls `on_lost`, once per hold (a panic in it is caught).
 fn tell(held: &Held, on_lost: Option<&OnLost>) {
-    if !held.first_to_tell() {
+    // A waiter's entry gone is no loss: its waiter asks Redis.
+    if held.tell_waiter() || !held.first_to_tell() {
         return;
     }
     stats::lost(held.kind);
@@ -302,6 +303,7 @@ fn refresh(state: &State, backend: &Backend, batch: &[Arc<Held>], on_lost: Optio
         .zip(&ttls)
         .map(|(held, &ttl_ms)| Refresh {
             kind: held.kind,
+            entry_of: held.entry_of,
             keys: &held.keys,
             value: &held.value,
             ttl_ms,

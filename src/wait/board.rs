@@ -1,6 +1,6 @@
-//! What the subscriber thread and the waiters share: the keys watched, the releases and
-//! subscriptions heard, the lines waiters wait in, and each waiter's ticket. (Over 400
-//! lines: a third of it is the unit tests of the missed-wake-up rules, beside them.)
+//! What the subscriber thread and the waiters share: the queued waiters' mailboxes, and,
+//! for waiters that do not queue (a quorum, a lock across cluster slots), the keys
+//! watched, the releases and subscriptions heard, and each such waiter's ticket.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::line::{Handover, Lines, Offer};
+use super::mailbox::{Letter, Mailbox};
 
 /// How often the thread looks up from its connection: to stop, and to drop channels no
 /// one has waited on for a while.
@@ -27,16 +27,18 @@ pub(super) struct Board {
     pub(super) released: String,
     /// Which of the pools the thread listens on now.
     pub(super) listening: AtomicUsize,
-    /// How many waiters are in line: while none, lock calls and releases need not look at
-    /// the lines (nor take the mutex).
+    /// How many waiters are registered: while none, releases need not take the mutex.
     pub(super) waiting: AtomicUsize,
 }
 
 #[derive(Default)]
 pub(super) struct State {
     keys: HashMap<String, Watch>,
-    /// The waiters of this locker, in line per key.
-    pub(super) lines: Lines,
+    /// The queued waiters of this locker, by value: where the scripts' word reaches them.
+    entries: HashMap<String, Vec<Arc<Mailbox>>>,
+    /// Word for values not registered yet (the reply that queued the waiter may come after
+    /// the message that served it), with when it came; dropped after a [`SWEEP`].
+    early: HashMap<String, (Letter, Instant)>,
     /// Counts every release heard and subscription confirmed, whatever the key: each
     /// such event is stamped with the next number, so stamps only grow, even for a key
     /// whose watch was swept and made anew (counting per watch would start again at zero
@@ -50,7 +52,8 @@ pub(super) struct State {
 }
 
 struct Watch {
-    waiters: usize,
+    /// The wake-ups of the waiters registered for this key.
+    waiters: Vec<Arc<Condvar>>,
     /// The stamp of the last release heard on this key's channel (0: none yet).
     released: u64,
     /// The stamp of the last confirmed SUBSCRIBE: a new one after a reconnect may follow
@@ -62,6 +65,14 @@ struct Watch {
     idle_since: Instant,
 }
 
+impl Watch {
+    fn wake_all(&self) {
+        for wake in &self.waiters {
+            wake.notify_one();
+        }
+    }
+}
+
 /// What a waiter has seen of its keys: the newest stamps of their events.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Seen {
@@ -70,71 +81,51 @@ pub(crate) struct Seen {
     all_subscribed: bool,
 }
 
-/// One waiter's place in line, and its registration with the subscriber thread; both
-/// given up on drop (the waiter got the lock, gave up, or its thread panicked).
+/// A waiter that does not queue: its registration with the subscriber thread, given up
+/// on drop (the waiter got the lock, gave up, or its thread panicked).
 pub(crate) struct Ticket<'a> {
     board: &'a Board,
-    id: u64,
     wake: Arc<Condvar>,
     keys: Vec<String>,
     /// Registered with the subscriber thread (not when there is no connection for it).
     watched: bool,
     seen: Seen,
-    /// Set once the waiter holds the lock: leaving then lets the next one sleep on.
-    got_lock: bool,
 }
 
-/// Why a wait ended.
+/// Why a waiter that does not queue stopped waiting.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Wake {
     /// A release of one of the keys was heard: attempt now.
     Released,
-    /// The lock was handed over by a releasing guard of this locker: it is held.
-    Handed { fences: Vec<u64>, sent_at: Instant },
-    /// Attempt now: the waiter became first in line as the one ahead gave up, or the
-    /// subscription to its keys was (re)confirmed.
-    Turn,
-    /// A releasing guard of this locker claimed the waiter for a hand-over and could not
-    /// make it (the lock was gone, or, `failed`, Redis failed and the keys may be in the
-    /// waiter's name): attempt, unless the wait is over (the claim may have kept the
-    /// waiter past its deadline, for the hand-over's round trip).
-    Declined { failed: bool },
+    /// The subscription to its keys was (re)confirmed: attempt now, as a release may have
+    /// gone unheard before.
+    Subscribed,
     /// The wait ran out.
     Timeout,
 }
 
 impl<'a> Ticket<'a> {
-    /// Puts a waiter in line for `offer.keys`, who noted `seen` of them before its last
-    /// attempt; with `watch`, also registers it with the subscriber thread.
-    /// `true` with it when some key is new to the thread, which must then subscribe.
+    /// Registers a waiter for `keys`, who noted `seen` of them before its last attempt;
+    /// with `watch`, also with the subscriber thread. `true` with it when some key is new
+    /// to the thread, which must then subscribe.
     pub(super) fn new(
         board: &'a Board,
-        offer: Arc<Offer>,
+        keys: &[String],
         watch: bool,
         seen: Seen,
     ) -> (Ticket<'a>, bool) {
-        let keys = offer.keys.clone();
-        let mut state = board.state.lock();
-        let (id, wake) = state.lines.join(offer);
+        let wake = Arc::new(Condvar::new());
         board.waiting.fetch_add(1, Ordering::SeqCst);
         crate::stats::waiting(true);
-        drop(state);
-        let new_keys = watch && board.register(&keys);
+        let new_keys = watch && board.register(keys, &wake);
         let ticket = Ticket {
             board,
-            id,
             wake,
-            keys,
+            keys: keys.to_vec(),
             watched: watch,
             seen,
-            got_lock: false,
         };
         (ticket, new_keys)
-    }
-
-    /// Whether this waiter is first in line on all of its keys: only then does it attempt.
-    pub(crate) fn is_first(&self) -> bool {
-        self.board.state.lock().lines.is_first(self.id)
     }
 
     /// Notes what has been seen of the keys: call before each attempt.
@@ -142,101 +133,136 @@ impl<'a> Ticket<'a> {
         self.seen = self.board.state.lock().observe(&self.keys);
     }
 
-    /// Sleeps on this waiter's own wake-up until `until`, or until it is handed the lock,
-    /// becomes first in line, or (first in line) one of its keys was released or the
-    /// subscription to all of them was (re)confirmed since the last [`mark`](Self::mark)
-    /// (or since the snapshot taken before the first attempt).
+    /// Sleeps until `until`, or until one of the keys was released or the subscription to
+    /// all of them was (re)confirmed since the last [`mark`](Self::mark) (or since the
+    /// snapshot taken before the first attempt).
     pub(crate) fn wait_until(&mut self, until: Instant) -> Wake {
         let mut state = self.board.state.lock();
-        state.lines.set_asleep(self.id, true);
-        let wake = loop {
-            match state.lines.take_handover(self.id) {
-                Some(Handover::Done { fences, sent_at }) => break Wake::Handed { fences, sent_at },
-                Some(Handover::Declined) => break Wake::Declined { failed: false },
-                Some(Handover::Failed) => break Wake::Declined { failed: true },
-                None => {}
+        loop {
+            let now = state.observe(&self.keys);
+            if now.released != self.seen.released {
+                return Wake::Released;
             }
-            if state.lines.is_claimed(self.id) {
-                // A releasing guard is handing the lock over, and wakes us when it is done:
-                // its call is bounded by the pool's timeouts, and it ends the claim whatever
-                // happens (even past our own deadline: the lock may already be ours).
-                self.wake.wait_for(&mut state, Duration::from_secs(1));
-                continue;
-            }
-            if state.lines.take_turn(self.id) {
-                break Wake::Turn;
-            }
-            if state.lines.is_first(self.id) {
-                let now = state.observe(&self.keys);
-                if now.released != self.seen.released {
-                    // Others first, for a moment, after this locker's own real release; then
-                    // the checks again (a hand-over may have come meanwhile).
-                    match state.lines.head_start(self.id) {
-                        Some(at) if Instant::now() < at => {
-                            self.wake.wait_until(&mut state, at);
-                            continue;
-                        }
-                        _ => break Wake::Released,
-                    }
-                }
-                if now.all_subscribed && now.subscribed_at != self.seen.subscribed_at {
-                    break Wake::Turn;
-                }
+            if now.all_subscribed && now.subscribed_at != self.seen.subscribed_at {
+                return Wake::Subscribed;
             }
             if Instant::now() >= until {
-                break Wake::Timeout;
+                return Wake::Timeout;
             }
             self.wake.wait_until(&mut state, until);
-        };
-        state.lines.set_asleep(self.id, false);
-        wake
-    }
-}
-
-impl Ticket<'_> {
-    /// The waiter holds the lock now (handed over, or by its own attempt).
-    pub(crate) fn got_lock(&mut self) {
-        self.got_lock = true;
+        }
     }
 }
 
 impl Drop for Ticket<'_> {
     fn drop(&mut self) {
-        let mut state = self.board.state.lock();
-        state.lines.leave(self.id, self.got_lock);
         self.board.waiting.fetch_sub(1, Ordering::SeqCst);
         crate::stats::waiting(false);
-        drop(state);
         if self.watched {
-            self.board.unregister(&self.keys);
+            self.board.unregister(&self.keys, &self.wake);
         }
     }
 }
 
+/// A queued waiter's registration: where its word arrives; given up on drop.
+pub(crate) struct Enrolment<'a> {
+    board: &'a Board,
+    value: String,
+    pub(crate) mailbox: Arc<Mailbox>,
+}
+
+impl Drop for Enrolment<'_> {
+    fn drop(&mut self) {
+        let mut state = self.board.state.lock();
+        if let Some(mailboxes) = state.entries.get_mut(&self.value) {
+            mailboxes.retain(|mailbox| !Arc::ptr_eq(mailbox, &self.mailbox));
+            if mailboxes.is_empty() {
+                state.entries.remove(&self.value);
+            }
+        }
+        drop(state);
+        self.board.waiting.fetch_sub(1, Ordering::SeqCst);
+        crate::stats::waiting(false);
+    }
+}
+
 impl Board {
-    /// Whether some waiter is registered for `key`.
+    /// Registers a queued waiter whose entry holds `value`, with any word that came early.
+    pub(super) fn enrol(&self, value: &str) -> Enrolment<'_> {
+        let mailbox = Arc::new(Mailbox::default());
+        let mut state = self.state.lock();
+        if let Some((letter, _)) = state.early.remove(value) {
+            mailbox.post(letter);
+        }
+        state
+            .entries
+            .entry(value.to_owned())
+            .or_default()
+            .push(Arc::clone(&mailbox));
+        drop(state);
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        crate::stats::waiting(true);
+        Enrolment {
+            board: self,
+            value: value.to_owned(),
+            mailbox,
+        }
+    }
+
+    /// Word for the waiter whose entry holds `value`: to its mailbox, or kept a while for
+    /// it (its enrolment may be on its way).
+    pub(super) fn deliver(&self, value: &str, letter: Letter) {
+        let mut state = self.state.lock();
+        match state
+            .entries
+            .get(value)
+            .and_then(|mailboxes| mailboxes.first())
+        {
+            Some(mailbox) => mailbox.post(letter),
+            None => {
+                let now = Instant::now();
+                state
+                    .early
+                    .retain(|_, (_, at)| now.duration_since(*at) < SWEEP);
+                state.early.insert(value.to_owned(), (letter, now));
+            }
+        }
+    }
+
+    /// The locker's own channel was (re)subscribed: word sent before may have been missed,
+    /// so every queued waiter asks for itself.
+    pub(super) fn own_channel_subscribed(&self) {
+        for mailboxes in self.state.lock().entries.values() {
+            for mailbox in mailboxes {
+                mailbox.post(Letter::Attempt);
+            }
+        }
+    }
+
+    /// Whether some waiter that does not queue is registered for `key`.
+    #[cfg(test)]
     pub(super) fn is_watched(&self, key: &str) -> bool {
         self.state
             .lock()
             .keys
             .get(key)
-            .is_some_and(|watch| watch.waiters > 0)
+            .is_some_and(|watch| !watch.waiters.is_empty())
     }
 
-    /// Counts one more waiter on each key; `true` when some key is new to the thread.
-    pub(super) fn register(&self, keys: &[String]) -> bool {
+    /// Registers one more waiter on each key; `true` when some key is new to the thread.
+    pub(super) fn register(&self, keys: &[String], wake: &Arc<Condvar>) -> bool {
         let mut state = self.state.lock();
         let mut new_keys = false;
         for key in keys {
             let is_new = !state.keys.contains_key(key);
             let watch = state.keys.entry(key.clone()).or_insert_with(|| Watch {
-                waiters: 0,
+                waiters: Vec::new(),
                 released: 0,
                 subscribed_at: 0,
                 subscribed: false,
                 idle_since: Instant::now(),
             });
-            watch.waiters += 1;
+            watch.waiters.push(Arc::clone(wake));
             if is_new {
                 state.pending.push(key.clone());
                 new_keys = true;
@@ -245,12 +271,12 @@ impl Board {
         new_keys
     }
 
-    pub(super) fn unregister(&self, keys: &[String]) {
+    pub(super) fn unregister(&self, keys: &[String], wake: &Arc<Condvar>) {
         let mut state = self.state.lock();
         for key in keys {
             if let Some(watch) = state.keys.get_mut(key) {
-                watch.waiters -= 1;
-                if watch.waiters == 0 {
+                watch.waiters.retain(|other| !Arc::ptr_eq(other, wake));
+                if watch.waiters.is_empty() {
                     watch.idle_since = Instant::now();
                 }
             }
@@ -263,9 +289,8 @@ impl Board {
         let stamp = state.generation + 1;
         if let Some(watch) = state.keys.get_mut(key) {
             watch.released = stamp;
+            watch.wake_all();
             state.generation = stamp;
-            // Only the first in line may act on it.
-            state.lines.wake_front(key);
         }
     }
 
@@ -278,8 +303,8 @@ impl Board {
         };
         watch.subscribed = true;
         watch.subscribed_at = stamp;
+        watch.wake_all();
         state.generation = stamp;
-        state.lines.wake_front(key);
         true
     }
 
@@ -298,11 +323,6 @@ impl Board {
 }
 
 impl State {
-    /// Whether the thread is subscribed to `key`'s channel.
-    pub(super) fn is_subscribed(&self, key: &str) -> bool {
-        self.keys.get(key).is_some_and(|watch| watch.subscribed)
-    }
-
     /// The newest release and confirmed subscription of `keys` so far, and whether all of
     /// them are subscribed now. Any new event on one of them changes what this returns.
     pub(super) fn observe(&self, keys: &[String]) -> Seen {
@@ -329,7 +349,7 @@ impl State {
     pub(super) fn take_idle(&mut self) -> Vec<String> {
         let mut idle = Vec::new();
         self.keys.retain(|key, watch| {
-            let keep = watch.waiters > 0 || watch.idle_since.elapsed() < SWEEP;
+            let keep = !watch.waiters.is_empty() || watch.idle_since.elapsed() < SWEEP;
             if !keep && watch.subscribed {
                 idle.push(key.clone());
             }
@@ -358,21 +378,8 @@ mod tests {
         started.elapsed() < Duration::from_millis(900)
     }
 
-    fn offer(names: &[&str]) -> Arc<Offer> {
-        Arc::new(Offer {
-            kind: crate::hold::Kind::Lock,
-            keys: keys(names),
-            value: "v".into(),
-            owner_len: 1,
-            ttl_ms: 1000,
-            fencing: false,
-            fixed_token: false,
-            replicas: None,
-        })
-    }
-
     fn ticket<'a>(board: &'a Board, names: &[&str], before: Seen) -> Ticket<'a> {
-        Ticket::new(board, offer(names), true, before).0
+        Ticket::new(board, &keys(names), true, before).0
     }
 
     #[test]
@@ -454,6 +461,34 @@ mod tests {
         let mut waiter = ticket(&board, &["k"], before);
         board.subscribed("k");
         assert!(returns_early(&mut waiter));
+    }
+
+    #[test]
+    fn word_that_comes_before_the_enrolment_is_kept_for_it() {
+        let board = Board::default();
+        let handed = Letter::Handed {
+            fences: vec![7],
+            sent_at: None,
+        };
+        board.deliver("v", handed.clone());
+        let enrolment = board.enrol("v");
+        assert_eq!(enrolment.mailbox.wait_until(Instant::now()), Some(handed));
+        drop(enrolment);
+        assert!(board.state.lock().entries.is_empty());
+    }
+
+    #[test]
+    fn a_resubscribed_own_channel_makes_every_queued_waiter_ask() {
+        let board = Board::default();
+        let (a, b) = (board.enrol("a"), board.enrol("b"));
+        board.own_channel_subscribed();
+        for enrolment in [&a, &b] {
+            assert_eq!(
+                enrolment.mailbox.wait_until(Instant::now()),
+                Some(Letter::Attempt)
+            );
+        }
+        assert!(!board.is_watched("a"));
     }
 
     #[test]

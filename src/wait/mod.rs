@@ -1,13 +1,16 @@
-//! Waiters woken by releases: one subscriber connection per locker.
+//! Waiters woken by the server: one subscriber connection per locker.
 //!
-//! `lua/release.lua` publishes on `<prefix>redguard:released:<key>` for each key it frees
-//! (or finds already gone). One
-//! thread per locker (started with its first waiter) holds one connection subscribed to
-//! the channels of the keys its threads wait for, and counts the releases it hears. A
-//! waiter still waits at most its retry delay, but a counted release of one of its keys,
-//! or a (re)confirmed subscription to all of them, cuts the wait short.
+//! With the server's queue (see `lua/queue/queue.lua`), a script that gives a waiter its
+//! hold publishes one message on the waiter's locker channel
+//! (`<prefix>redguard:wake:<random>`); the locker's subscriber thread, subscribed to it,
+//! puts the word in that waiter's [`Mailbox`]. A waiter of the releasing locker itself
+//! hears it from the release's reply instead. Word is never the only way: a waiter's
+//! refresher renews its entry at a third of its lifetime and, finding it gone, has it ask
+//! Redis; and every (re)subscription of the channel has every queued waiter ask, as a
+//! message may have been missed meanwhile.
 //!
-//! Why no release is missed for longer than a retry delay, and usually not at all:
+//! Waiters that do not queue (a lock on a quorum, or across cluster slots) listen for
+//! `<prefix>redguard:released:<key>`, which releases there publish for each key they free:
 //! - a waiter notes what it has seen of its keys *before* each attempt, so a release
 //!   counted while the attempt was in flight ends the next wait at once;
 //! - releases before the subscription is confirmed are not counted, so the confirmation
@@ -15,12 +18,12 @@
 //! - a reconnect counts as a new confirmation, for the same reason.
 //!
 //! Without a thread (it could not start) or a connection (a caller's pool of one), waiters
-//! simply wait out their retry delays.
+//! simply wait out their retry delays and renewals.
 
 mod board;
-mod line;
+mod mailbox;
 mod subscriber;
 
-pub(crate) use board::{Seen, Ticket, Wake};
-pub(crate) use line::Offer;
+pub(crate) use board::{Enrolment, Seen, Ticket, Wake};
+pub(crate) use mailbox::{Letter, Mailbox};
 pub(crate) use subscriber::Subscriber;

@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::board::{Board, SWEEP, Seen, Ticket};
-use super::line::{Handover, Offer};
-use crate::backend::Pool;
+use super::board::{Board, Enrolment, SWEEP, Seen, Ticket};
+use super::mailbox::{self, Letter};
+use crate::backend::{Handed, Pool};
 use crate::hold::random_token;
 use crate::{Error, Result};
 
@@ -47,18 +47,19 @@ impl Subscriber {
         &self.board.released
     }
 
-    /// Whether this locker has threads waiting for `key` (so it is most likely held).
-    pub(crate) fn is_watched(&self, key: &str) -> bool {
-        // A watched key has a waiter in line.
-        self.anyone_waiting() && self.board.is_watched(key)
+    /// The locker's own channel, where the queue's scripts tell its waiters they were
+    /// served (see `lua/queue/queue.lua`).
+    pub(crate) fn channel(&self) -> &str {
+        &self.board.wake
     }
 
-    /// Puts a waiter in line for `offer.keys`, who noted `before` of them before its last
-    /// attempt (if any). Starts the thread, and has it subscribe to new keys, if need be.
-    pub(crate) fn wait_for(&self, offer: Arc<Offer>, before: Seen) -> Ticket<'_> {
+    /// Registers a waiter that does not queue, for `keys`, who noted `before` of them
+    /// before its last attempt. Starts the thread, and has it subscribe to new keys, if
+    /// need be.
+    pub(crate) fn watch(&self, keys: &[String], before: Seen) -> Ticket<'_> {
         // Without a connection to subscribe with, waiters wait out their delays.
         let watch = self.pools.iter().any(Pool::can_dedicate);
-        let (ticket, new_keys) = Ticket::new(&self.board, offer, watch, before);
+        let (ticket, new_keys) = Ticket::new(&self.board, keys, watch, before);
         if new_keys {
             self.start();
             self.wake_thread();
@@ -66,44 +67,24 @@ impl Subscriber {
         ticket
     }
 
-    /// Whether a newcomer for `keys` gets in line at once, without an attempt of its own:
-    /// while they pass between threads of this locker by hand-overs, or during the head
-    /// start it leaves other lockers after a real release.
-    pub(crate) fn defers(&self, offer: &Offer) -> bool {
-        self.anyone_waiting() && self.board.state.lock().lines.defers(offer)
-    }
-
-    /// Whether any thread of this locker waits in line (without taking the mutex).
-    fn anyone_waiting(&self) -> bool {
-        self.board.waiting.load(Ordering::SeqCst) > 0
-    }
-
-    /// For a guard about to release `keys`: the waiter of this locker to hand the lock to
-    /// instead, if there is one (see [`Claim`]).
-    pub(crate) fn claim(&self, keys: &[String]) -> Option<Claim<'_>> {
-        if !self.anyone_waiting() {
-            return None;
+    /// Registers a queued waiter whose entry holds `value`; starts the thread, which
+    /// listens on the locker's channel, if need be.
+    pub(crate) fn enrol(&self, value: &str) -> Enrolment<'_> {
+        let enrolment = self.board.enrol(value);
+        if self.pools.iter().any(Pool::can_dedicate) {
+            self.start();
         }
-        let (id, offer) = self.board.state.lock().lines.claim(keys)?;
-        Some(Claim {
-            board: &self.board,
-            id,
-            offer,
-            ended: false,
-        })
+        enrolment
     }
 
-    /// A release of `keys` that was not a hand-over, whose announcement reached
-    /// `listeners` subscribers (the most of any key): whether some were not this locker's
-    /// own bounds the next streak of hand-overs.
-    pub(crate) fn released(&self, keys: &[String], listeners: u64) {
-        if !self.anyone_waiting() {
-            return; // no line, so no streak to bound
+    /// Waiters of this locker that a script sent at `sent_at` gave their holds to (its
+    /// reply said so: no message was sent).
+    pub(crate) fn handed(&self, handed: Vec<Handed>, sent_at: Instant) {
+        for Handed { value, fences } in handed {
+            let sent_at = Some(sent_at);
+            self.board
+                .deliver(&value, Letter::Handed { fences, sent_at });
         }
-        let mut state = self.board.state.lock();
-        // The count is the most-heard key's: ours is among it only if we listen on all.
-        let ours = u64::from(listeners > 0 && keys.iter().all(|key| state.is_subscribed(key)));
-        state.lines.released_for_real(keys, listeners > ours);
     }
 
     /// What a waiter has seen so far of `keys` (nothing for keys no one watches yet).
@@ -136,45 +117,6 @@ impl Subscriber {
                     .query::<i64>(con)
             });
         }
-    }
-}
-
-/// A waiter claimed by a releasing guard: it sleeps until told how the hand-over ended.
-/// Dropped without [`handed`](Claim::handed), it is told to attempt by itself.
-pub(crate) struct Claim<'a> {
-    board: &'a Board,
-    id: u64,
-    offer: Arc<Offer>,
-    ended: bool,
-}
-
-impl Claim<'_> {
-    /// What the waiter asks for: its keys, value, TTL and fencing.
-    pub(crate) fn offer(&self) -> &Offer {
-        &self.offer
-    }
-
-    /// The lock is the waiter's now.
-    pub(crate) fn handed(mut self, fences: Vec<u64>, sent_at: Instant) {
-        self.end(Handover::Done { fences, sent_at });
-    }
-
-    /// Redis failed during the hand-over (see [`Handover::Failed`]).
-    pub(crate) fn failed(mut self) {
-        self.end(Handover::Failed);
-    }
-
-    fn end(&mut self, handover: Handover) {
-        if !self.ended {
-            self.ended = true;
-            self.board.state.lock().lines.end_claim(self.id, handover);
-        }
-    }
-}
-
-impl Drop for Claim<'_> {
-    fn drop(&mut self) {
-        self.end(Handover::Declined);
     }
 }
 
@@ -260,6 +202,8 @@ fn listen(board: &Board, pool: &Pool, backoff: &mut Duration) -> Result<()> {
     con.set_read_timeout(Some(SWEEP))?;
     let mut pubsub = con.as_pubsub();
     pubsub.subscribe(&board.wake)?;
+    // Word sent to the locker's waiters before now may have gone unheard.
+    board.own_channel_subscribed();
     *backoff = FIRST_BACKOFF; // connected: the next failure starts afresh
     let mut swept = Instant::now();
     loop {
@@ -296,7 +240,12 @@ fn listen(board: &Board, pool: &Pool, backoff: &mut Duration) -> Result<()> {
         }
         match pubsub.get_message() {
             Ok(msg) => {
-                if let Some(key) = msg.get_channel_name().strip_prefix(&board.released) {
+                let channel = msg.get_channel_name();
+                if channel == board.wake {
+                    if let Some((value, letter)) = mailbox::parse(msg.get_payload_bytes()) {
+                        board.deliver(&value, letter);
+                    }
+                } else if let Some(key) = channel.strip_prefix(&board.released) {
                     board.released(key);
                 }
             }

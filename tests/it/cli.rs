@@ -235,7 +235,7 @@ fn sigterm_reaches_the_command_and_ends_a_wait_holding_nothing() {
         .unwrap();
     // It waits (its signal handlers are set before it connects).
     eventually(Duration::from_secs(10), "it waits", || {
-        server.subscribers("redguard:released:k") > 0
+        server.queued("k") > 0
     });
     let signalled = Instant::now();
     signal(waiting.id(), "TERM");

@@ -78,16 +78,12 @@ fn keys_sharing_a_hash_tag_lock_atomically_with_fencing_refresh_and_wake_ups() {
 
     // A waiter that retries only every 10 s is woken by the release notification.
     let waiting = crate::wake::waiter_with(&two, "{user42}:a", patient().fencing(true));
-    eventually(Duration::from_secs(5), "the waiter subscribes", || {
-        (0..3).any(|node| {
-            let counts: Vec<redis::Value> = cluster.query(
-                node,
-                redis::cmd("PUBSUB")
-                    .arg("NUMSUB")
-                    .arg("redguard:released:{user42}:a"),
-            );
-            counts.get(1) == Some(&redis::Value::Int(1))
-        })
+    // Its place in the queue, in the lock key's slot (so on the same master).
+    let queue = crate::server::queue_of("{user42}:a");
+    assert_eq!(RedisCluster::slot(&queue), RedisCluster::slot("{user42}:a"));
+    let node = cluster.owner_of(RedisCluster::slot(&queue));
+    eventually(Duration::from_secs(5), "the waiter is queued", || {
+        cluster.query::<u64>(node, redis::cmd("ZCARD").arg(&queue)) == 1
     });
     let released = Instant::now();
     guard.release().unwrap();

@@ -168,10 +168,11 @@ fn retry_gives_up_after_its_limit() {
         started.elapsed() >= Duration::from_millis(300),
         "3 delays served"
     );
-    // One attempt, 3 retries, and one more when the subscription became active (a
-    // wake-up gives an attempt, but does not use up a retry).
+    // One attempt (which queued it: its place keeps its turn while the delays pass, with
+    // no attempt of their own), one more when the subscription became active (word sent
+    // before may have been missed), and one to leave the queue.
     let attempts = server.evalsha_calls() - calls;
-    assert!((4..=5).contains(&attempts), "{attempts} attempts");
+    assert!((2..=3).contains(&attempts), "{attempts} attempts");
     assert!(!holder.is_lost());
 }
 

@@ -166,11 +166,15 @@ fn a_dead_reader_and_a_dead_writers_intent_stop_blocking_once_their_ttl_passes()
     assert!(waited < ttl + Duration::from_secs(1), "{waited:?}");
     drop(guard);
 
-    // A writer that died waiting: its intent, as a waiting lock records it, with 500 ms.
+    // A writer that died waiting: its place in the queue, as a waiting lock takes it, with
+    // 500 ms left.
     let _reader = locker.read(&["j"]).unwrap();
     let time: Vec<u64> = server.query(&["TIME"]);
-    let expiry = time[0] * 1000 + time[1] / 1000 + 500;
-    server.query::<u32>(&["ZADD", "j", &format!("-{expiry}"), "!dead-writer"]);
+    let expiry = (time[0] * 1000 + time[1] / 1000 + 500).to_string();
+    let entry = "l1,30000,0,4,11:deaddead-writer";
+    server.query::<u32>(&["ZADD", &crate::server::queue_of("j"), "1", entry]);
+    server.query::<u32>(&["ZADD", "redguard:alive:{j}", &expiry, entry]);
+    server.query::<String>(&["SET", "redguard:ticket:{j}", "1"]);
     assert!(
         locker.try_read(&["j"]).unwrap().is_none(),
         "readers wait behind it"
@@ -220,7 +224,7 @@ fn all_or_nothing_across_keys() {
 /// Waits until a thread waiting for `key` has tried, found it held and now listens.
 fn until_listening<T>(server: &RedisServer, key: &str, waiter: &thread::JoinHandle<T>) {
     eventually(Duration::from_secs(5), "the waiter listens", || {
-        server.subscribers(&format!("redguard:released:{key}")) > 0
+        server.queued(key) > 0
     });
     thread::sleep(Duration::from_millis(50));
     assert!(!waiter.is_finished(), "it got in without waiting");
@@ -299,7 +303,7 @@ fn a_lock_held_elsewhere_makes_a_waiting_lock_record_no_intent() {
     };
     // The lock above tried, and waits (listening for its keys' releases).
     eventually(Duration::from_secs(2), "the lock waits", || {
-        server.subscribers("redguard:released:b") > 0
+        server.queued("b") > 0
     });
     assert!(!waiting.is_finished());
     let asked = Instant::now();

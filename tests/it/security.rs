@@ -11,7 +11,8 @@ use crate::server::RedisServer;
 /// The minimal ACL rules, as the security chapter of the guide gives them.
 const RULES: &str = "resetkeys ~locks:* resetchannels &locks:* -@all \
     +set +evalsha +eval +publish +subscribe +unsubscribe +ping +echo \
-    +msetnx +mset +pexpire +pttl +getrange +type +get +mget +del +incr";
+    +msetnx +mset +pexpire +pexpireat +pttl +getrange +type +get +mget +del +incr +exists \
+    +time +zadd +zrem +zrange +zrangebyscore +zremrangebyscore +zscore +zrank +zcard +zcount";
 
 #[test]
 fn user_limited_to_the_prefix_and_the_needed_commands_can_do_everything() {
@@ -63,7 +64,7 @@ fn user_limited_to_the_prefix_and_the_needed_commands_can_do_everything() {
         thread::spawn(move || locker.lock(&["a"]).map(drop))
     };
     eventually(Duration::from_secs(5), "the waiter subscribes", || {
-        server.subscribers("locks:redguard:released:locks:a") == 1
+        server.queued_at("locks:redguard:queue:{locks:a}") == 1
     });
     one.release().unwrap();
     waiter.join().unwrap().unwrap();

@@ -318,7 +318,12 @@ fn fencing_numbers_rise_with_every_permit() {
         all.extend(mine);
     }
     all.sort_unstable();
-    assert_eq!(all, (1..=400).collect::<Vec<u64>>(), "each one new");
+    let count = all.len();
+    all.dedup();
+    // Each one new (a waiter that asks just as a release gave it its permit takes a
+    // newer token for it: numbers may be skipped, never repeated).
+    assert_eq!(all.len(), count, "each one new");
+    assert_eq!(count, 400);
     assert_eq!(sem.acquire().unwrap().fence(), None, "none without fencing");
 }
 
@@ -336,7 +341,7 @@ fn a_release_wakes_waiters_of_this_locker_and_of_others_at_once() {
         });
         // The waiter has tried once and sleeps for its 30 s delay.
         eventually(Duration::from_secs(5), "the waiter subscribes", || {
-            server.subscribers(&format!("redguard:released:{name}")) > 0
+            server.queued(name) > 0
         });
         thread::sleep(Duration::from_millis(50));
         let released = Instant::now();
@@ -361,7 +366,7 @@ fn threads_of_one_locker_each_get_a_free_permit_in_turn() {
         })
         .collect();
     eventually(Duration::from_secs(5), "the waiters subscribe", || {
-        server.subscribers("redguard:released:s") > 0
+        server.queued("s") > 0
     });
     thread::sleep(Duration::from_millis(100));
     let released = Instant::now();

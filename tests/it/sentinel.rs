@@ -187,8 +187,9 @@ fn a_forced_failover_is_followed_at_once_by_new_locks_the_refresher_and_the_subs
         "held per the guard, but the new master has {on_new:?}"
     );
 
-    // The waiter (of another locker, so no hand-over) subscribed on the old master moved
-    // to the new one: the release there wakes it at once, not after its 30 s delay.
+    // The waiter (of another locker) listening on the old master moved to the new one,
+    // where its place was replicated: the release there serves it at once, not after
+    // its 30 s delay.
     let released = Instant::now();
     drop(held);
     let woke = waiter.join().unwrap();
@@ -197,7 +198,8 @@ fn a_forced_failover_is_followed_at_once_by_new_locks_the_refresher_and_the_subs
     assert!(waited < Duration::from_secs(10), "{waited:?}");
 }
 
-/// Whether a waiter for `key` listens on `server` (its release channel is subscribed).
+/// Whether a waiter for `key` listens on `server`: it is queued there, and some locker's
+/// subscriber listens there on its own channel (where a release tells it it was served).
 fn listens(group: &Replicated, server: &Server, key: &str) -> bool {
     let client = redis::Client::open(group.url_of(server)).unwrap();
     let Ok(mut con) = client.get_connection_with_timeout(Duration::from_secs(1)) else {
@@ -206,10 +208,14 @@ fn listens(group: &Replicated, server: &Server, key: &str) -> bool {
     let _ = con.set_read_timeout(Some(Duration::from_secs(2)));
     let channels: Vec<String> = redis::cmd("PUBSUB")
         .arg("CHANNELS")
-        .arg(format!("*released*{key}"))
+        .arg("*redguard:wake:*")
         .query(&mut con)
         .unwrap_or_default();
-    !channels.is_empty()
+    let queued: u64 = redis::cmd("ZCARD")
+        .arg(crate::server::queue_of(key))
+        .query(&mut con)
+        .unwrap_or_default();
+    !channels.is_empty() && queued == 1
 }
 
 #[test]

@@ -101,6 +101,24 @@ impl RedisServer {
             .unwrap_or(0)
     }
 
+    /// How many waiters the server's queue of `key` holds (see `lua/queue/queue.lua`), for a
+    /// locker without a prefix.
+    pub fn queued(&self, key: &str) -> u64 {
+        self.queued_at(&queue_of(key))
+    }
+
+    /// How many lockers listen on their own channel (where the queue's scripts tell their
+    /// waiters they were served): one per locker whose subscriber is connected.
+    pub fn lockers_listening(&self) -> usize {
+        let channels: Vec<String> = self.query(&["PUBSUB", "CHANNELS", "*redguard:wake:*"]);
+        channels.len()
+    }
+
+    /// How many waiters the queue at `queue` (its full Redis name) holds.
+    pub fn queued_at(&self, queue: &str) -> u64 {
+        self.query(&["ZCARD", queue])
+    }
+
     /// How many times EVALSHA ran: one per lock-script round trip.
     pub fn evalsha_calls(&self) -> u64 {
         self.calls("evalsha")
@@ -124,4 +142,16 @@ impl RedisServer {
 pub fn closed_url(n: u16) -> String {
     assert!(n < 10, "ten closed ports");
     format!("redis://127.0.0.1:{}/", n + 1)
+}
+
+/// The Redis name of `key`'s queue (see `src/backend/fence.rs`).
+pub fn queue_of(key: &str) -> String {
+    let tagged = key
+        .find('{')
+        .is_some_and(|open| key[open + 1..].find('}').is_some_and(|close| close > 0));
+    if tagged || key.contains('}') {
+        format!("redguard:queue:t:{key}")
+    } else {
+        format!("redguard:queue:{{{key}}}")
+    }
 }

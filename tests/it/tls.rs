@@ -125,7 +125,7 @@ fn locks_work_over_tls_with_a_private_ca() {
         thread::spawn(move || locker.lock_with(&["k"], patient).map(drop))
     };
     eventually(Duration::from_secs(5), "the waiter subscribes", || {
-        server.subscribers("redguard:released:k") == 1
+        server.queued("k") == 1
     });
     thread::sleep(Duration::from_millis(100)); // past its attempt after subscribing
     let released = std::time::Instant::now();
@@ -172,7 +172,7 @@ fn frozen_tls_server_holds_nothing_beyond_the_bounds() {
         thread::spawn(move || locker.lock_with(&["k"], options).map(drop))
     };
     eventually(Duration::from_secs(5), "the waiter subscribes", || {
-        server.subscribers("redguard:released:k") == 1
+        server.queued("k") == 1
     });
 
     // The subscriber loses its connection and reconnects to a frozen server: TCP connects

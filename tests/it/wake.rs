@@ -23,9 +23,9 @@ pub fn patient() -> LockOptions {
         .timeout(3 * SLOW_RETRY)
 }
 
-/// Subscribers to the release channel of `key`.
+/// Waiters in the server's queue of `key`.
 fn listeners(server: &RedisServer, key: &str) -> u64 {
-    server.subscribers(&format!("redguard:released:{key}"))
+    server.queued(key)
 }
 
 /// Starts a thread that waits for `key` with [`patient`] options; it returns the result
@@ -241,8 +241,8 @@ fn many_waiting_threads_share_one_subscriber_connection() {
             })
         })
         .collect();
-    eventually(QUICK * 5, "every key has a listener", || {
-        keys.iter().all(|k| listeners(&server, k) == 1)
+    eventually(QUICK * 5, "every key has its four waiters queued", || {
+        keys.iter().all(|k| listeners(&server, k) == 4)
     });
     let clients: String = server.query(&["CLIENT", "LIST", "TYPE", "pubsub"]);
     assert_eq!(

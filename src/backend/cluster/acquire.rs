@@ -50,10 +50,8 @@ impl ClusterPool {
                         .chain(reply_lost.then_some(keys.as_slice()))
                     {
                         // Announced: a reader may have seen the key taken, and waits.
-                        let _ = self.run(|con| {
-                            let channels = attempt.channels;
-                            scripts::release(con, attempt.kind, keys, attempt.value, channels)
-                        });
+                        let part = Attempt { keys, ..*attempt };
+                        let _ = self.run(|con| scripts::release(con, &part.take_back()));
                     }
                     return failed;
                 }
@@ -90,8 +88,7 @@ impl ClusterPool {
             })
         }));
         replicas::unconfirmed(attempt, sent && take_back, &acquired, || {
-            let (kind, keys, value) = (attempt.kind, attempt.keys, attempt.value);
-            self.run(|con| scripts::release(con, kind, keys, value, attempt.channels))
+            self.run(|con| scripts::release(con, &attempt.take_back()))
         });
         acquired
     }

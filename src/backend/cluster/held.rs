@@ -8,7 +8,7 @@ use super::connections::{ClusterPool, wait_on_slot};
 use crate::Result;
 use crate::backend::outcome::{Refreshed, Released};
 use crate::backend::replicas;
-use crate::backend::request::Refresh;
+use crate::backend::request::{Refresh, Release};
 use crate::backend::scripts;
 use crate::backend::slot::{by_slot, slot};
 use crate::hold::Kind;
@@ -73,6 +73,7 @@ impl ClusterPool {
             .iter()
             .map(|(i, keys)| Refresh {
                 kind: locks[*i].kind,
+                entry_of: locks[*i].entry_of,
                 keys,
                 value: locks[*i].value,
                 ttl_ms: locks[*i].ttl_ms,
@@ -93,37 +94,32 @@ impl ClusterPool {
     /// Releases every slot's part, [`per_master`](Self::per_master): what a frozen
     /// master's other slots hold is not asked for, and expires with its TTL. `false` when
     /// some part was no longer held; the first error when a part could not be released.
-    pub(crate) fn release(
-        &self,
-        kind: Kind,
-        keys: &[String],
-        value: &str,
-        channels: &str,
-    ) -> Result<Released> {
+    /// Gives a hold up, slot by slot (a lock across slots; every other hold is in one).
+    /// The waiters of this locker served are those of every slot.
+    pub(crate) fn release(&self, release: &Release<'_>) -> Result<Released> {
         let mut released = Released {
             held: true,
-            listeners: 0,
+            handed: Vec::new(),
         };
         let mut failure = None;
-        let release =
-            |keys: &Vec<String>| self.run(|con| scripts::release(con, kind, keys, value, channels));
-        for (_, outcome) in self.per_master(by_slot(keys), release) {
+        let part = |keys: &Vec<String>| {
+            let part = Release { keys, ..*release };
+            self.run(|con| scripts::release(con, &part))
+        };
+        for (_, outcome) in self.per_master(by_slot(release.keys), part) {
             match outcome {
-                Ok(part) => released.held &= part.held,
-                // The first: later ones may just be skipped parts.
+                Ok(part) => {
+                    released.held &= part.held;
+                    released.handed.extend(part.handed);
+                }
                 Err(e) => {
                     failure.get_or_insert(e);
                 }
             }
         }
-        // A PUBLISH counts only the listeners of the node that ran it, which need not be
-        // ours: tell "others may listen" (the hand-over streak's stricter bound).
-        released.listeners = u64::MAX;
         failure.map_or(Ok(released), Err)
     }
 
-    /// The shortest remaining TTL over all slots' parts; `None` when a part is not held.
-    /// Stops at the first part that cannot be asked (suspect masters are asked last).
     pub(crate) fn ttl(&self, kind: Kind, keys: &[String], value: &str) -> Result<Option<Duration>> {
         let mut shortest = Some(Duration::MAX);
         let ttl = |keys: &Vec<String>| self.run(|con| scripts::ttl(con, kind, keys, value));

@@ -11,7 +11,7 @@ use super::vote::{decide, tally};
 use crate::backend::call::Call;
 use crate::backend::outcome::Acquired;
 use crate::backend::pool::Conn;
-use crate::backend::request::Attempt;
+use crate::backend::request::{Attempt, Release};
 use crate::backend::scripts;
 use crate::hold::drift_ms;
 use crate::{Error, Result};
@@ -87,7 +87,12 @@ impl Quorum {
     /// Takes back what a lost attempt took: sent after the acquire on each `unanswered`
     /// connection, and to the nodes that took the keys fresh (`taken`).
     fn take_back(&self, attempt: &Attempt<'_>, unanswered: Vec<Conn>, taken: &[bool]) {
-        let take_back = || scripts::release_call(attempt.kind, attempt.keys, attempt.value, "");
+        // Announcing nothing: nobody waits for this attempt's keys.
+        let release = Release {
+            announce: "",
+            ..attempt.take_back()
+        };
+        let take_back = || scripts::release_call(&release, None);
         // Not with a fixed token, whose keys may be the same owner's from before.
         if !unanswered.is_empty() && !attempt.fixed_token {
             // As EVAL: the node may not know the release script.

@@ -9,7 +9,7 @@ use super::group::Quorum;
 use crate::backend::call::Call;
 use crate::backend::introspect::{self, HeldBy, KeyHolders};
 use crate::backend::outcome::Refreshed;
-use crate::backend::request::Refresh;
+use crate::backend::request::{Refresh, Release};
 use crate::backend::scripts;
 use crate::hold::Kind;
 use crate::{Error, Result};
@@ -46,14 +46,8 @@ impl Quorum {
     /// [`fan_out`](Self::fan_out)), as a node back from a short failure may hold the lock;
     /// `true` when a majority still held it, `false` when too few did even counting the
     /// nodes that did not answer.
-    pub(crate) fn release(
-        &self,
-        kind: Kind,
-        keys: &[String],
-        value: &str,
-        channels: &str,
-    ) -> Result<bool> {
-        let release = scripts::release_call(kind, keys, value, channels);
+    pub(crate) fn release(&self, release: &Release<'_>) -> Result<bool> {
+        let release = scripts::release_call(release, None);
         let (answers, silent) = self.answers(&release, Ask::Every, |reply| {
             Ok(scripts::parse_released(reply)?.held)
         })?;

@@ -42,6 +42,15 @@ impl Hold {
         }
     }
 
+    /// Sets the TTL to `ttl` from now, if still held.
+    fn refresh(&self, ttl: Duration) -> redguard::Result<()> {
+        match self {
+            Hold::Lock(g) => g.refresh(ttl),
+            Hold::Read(g) => g.refresh(ttl),
+            Hold::Permit(p) => p.refresh(ttl),
+        }
+    }
+
     pub(crate) fn fence(&self) -> Option<u64> {
         match self {
             Hold::Lock(g) => g.fence(),
@@ -67,23 +76,32 @@ pub(crate) enum Want {
 }
 
 impl Want {
-    fn take(&self, locker: &Locker, options: LockOptions) -> redguard::Result<Hold> {
-        match self {
+    /// Takes it with `options` and their `ttl`.
+    fn take(&self, locker: &Locker, options: LockOptions, ttl: Duration) -> redguard::Result<Hold> {
+        let hold = match self {
             Want::Lock(keys) => locker.lock_with(keys, options).map(Hold::Lock),
             Want::Read(keys) => locker.read_with(keys, options).map(Hold::Read),
             Want::Permit(semaphore) => semaphore.acquire_with(options).map(Hold::Permit),
+        }?;
+        // A hold a release gave this waiter lasts what its place in the queue had left
+        // until the refresher lengthens it; the command's stop rules count from how long
+        // it is valid, so it is lengthened now.
+        if hold.valid_for() < ttl / 2 {
+            hold.refresh(ttl)?;
         }
+        Ok(hold)
     }
 }
 
 /// Takes `want` as `options` say (their timeout is the whole wait), on a thread of its
 /// own: a signal that ends `redguard` ends the wait at once, with 128 + the signal.
-/// `conflict` is the exit status when the wait ran out. A waiting lock's intent (which
-/// holds new readers of the keys back) is then left to expire (within 2 s).
+/// `conflict` is the exit status when the wait ran out. A waiter's place in the queue
+/// (which holds later waiters back) is then left to expire (within 2 s).
 pub(crate) fn acquire(
     locker: &Locker,
     want: Want,
     options: LockOptions,
+    ttl: Duration,
     conflict: u8,
     named: &str,
 ) -> Result<Hold, ExitCode> {
@@ -93,7 +111,7 @@ pub(crate) fn acquire(
         .name("redguard-acquire".into())
         .spawn(move || {
             // The receiver may be gone (a signal came): then the hold drops here.
-            let _ = sender.send(want.take(&waiter, options));
+            let _ = sender.send(want.take(&waiter, options, ttl));
         });
     if let Err(e) = spawned {
         return Err(fail(UNAVAILABLE, &format!("cannot start waiting: {e}")));

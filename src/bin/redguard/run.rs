@@ -76,8 +76,8 @@ command gets with --fencing (REDGUARD_FENCE) is what makes one harmless, if the 
 refuses tokens older than the newest it has seen.
 
 The wait is one wait with the whole -w deadline; INT, TERM, HUP or QUIT ends it at once
-(128 + N). A plain run ended so while it waited behind --shared runs leaves its intent, which
-holds new readers back, to expire: within 2 s, or --ttl if shorter.
+(128 + N). A run ended so while it waited leaves its place in the queue, which holds later
+waiters back, to expire: within about 2 s.
 
 Ctrl-Z (SIGTSTP) stops the command's group, then redguard; once continued, the group goes
 on only if the lock is still valid (else SIGKILL, exit 75). Should redguard be killed
@@ -106,7 +106,14 @@ pub(crate) fn run(args: RunArgs) -> ExitCode {
     };
     let named = format!("{:?}", args.keys);
     let hold = match want(&locker, &args).and_then(|(want, options)| {
-        acquire(&locker, want, options, args.conflict_exit_code, &named)
+        acquire(
+            &locker,
+            want,
+            options,
+            args.ttl,
+            args.conflict_exit_code,
+            &named,
+        )
     }) {
         Ok(hold) => hold,
         Err(code) => return code,

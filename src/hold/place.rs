@@ -1,0 +1,188 @@
+//! A waiter's place in the server's queue (see `lua/queue/queue.lua`): its entry, kept
+//! alive by the locker's refresher like a hold; where word of it arrives; and, should the
+//! waiter stop waiting, the script that takes the entry out (and passes on a hold given to
+//! it at that very moment).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::{Held, Kind, Timing};
+use crate::backend::{Queue, Release, entry_keys};
+use crate::shared::Shared;
+use crate::wait::{Enrolment, Letter};
+
+/// What a queued waiter heard.
+pub(crate) enum Word {
+    /// A script gave it its hold, with these fencing tokens (the script sent at that
+    /// time, when known).
+    Handed(Vec<u64>, Option<Instant>),
+    /// It should ask Redis now (see [`Letter::Attempt`]).
+    Attempt,
+    /// Nothing, until the time it waited for.
+    Timeout,
+}
+
+/// A queued waiter's entry, from the reply that queued it until it is served or leaves.
+pub(crate) struct Place<'a> {
+    shared: &'a Shared,
+    kind: Kind,
+    keys: &'a [String],
+    /// The waiter's value (what a hold given to it stores).
+    value: &'a str,
+    /// The entry, as the scripts know it (see `scripts::queue_entry`).
+    member: &'a str,
+    enrolment: Enrolment<'a>,
+    /// The entry as the refresher renews it: its timing says when the last renewal that
+    /// found it queued was sent.
+    entry: Arc<Held>,
+    /// Set once the waiter has its hold: nothing to take out then.
+    served: bool,
+}
+
+impl<'a> Place<'a> {
+    /// The place an attempt sent at `sent_at` found (or took) for the waiter whose entry
+    /// is `member`, on `keys`.
+    pub(crate) fn new(
+        shared: &'a Shared,
+        kind: Kind,
+        keys: &'a [String],
+        value: &'a str,
+        member: &'a str,
+        sent_at: Instant,
+    ) -> Place<'a> {
+        let enrolment = shared.subscriber.enrol(value);
+        let entry = entry(shared, kind, keys, member, sent_at, &enrolment);
+        Place {
+            shared,
+            kind,
+            keys,
+            value,
+            member,
+            enrolment,
+            entry,
+            served: false,
+        }
+    }
+
+    /// Waits until `until` for word of the waiter's entry.
+    pub(crate) fn wait_until(&mut self, until: Instant) -> Word {
+        match self.enrolment.mailbox.wait_until(until) {
+            Some(Letter::Handed { fences, sent_at }) => {
+                self.served = true;
+                Word::Handed(fences, sent_at)
+            }
+            Some(Letter::Attempt) => Word::Attempt,
+            None => Word::Timeout,
+        }
+    }
+
+    /// A hold given to the waiter and not yet taken from its mailbox: its fences, and when
+    /// the script was sent if known.
+    pub(crate) fn handed_meanwhile(&mut self) -> Option<(Vec<u64>, Option<Instant>)> {
+        match self.enrolment.mailbox.take()? {
+            Letter::Handed { fences, sent_at } => {
+                self.served = true;
+                Some((fences, sent_at))
+            }
+            Letter::Attempt => None,
+        }
+    }
+
+    /// An attempt sent at `sent_at` found the waiter queued (again): should the refresher
+    /// have given up on its entry (found gone, or not renewed in time), it takes it on
+    /// anew.
+    pub(crate) fn requeued(&mut self, sent_at: Instant) {
+        self.served = false;
+        if !self.entry.is_lost() {
+            return;
+        }
+        self.entry.end();
+        self.shared.refresher.remove(self.entry.id);
+        self.entry = entry(
+            self.shared,
+            self.kind,
+            self.keys,
+            self.member,
+            sent_at,
+            &self.enrolment,
+        );
+    }
+
+    /// The waiter took its hold by an attempt of its own (which took the entry out).
+    pub(crate) fn served(&mut self) {
+        self.served = true;
+    }
+
+    /// How long a hold given to the waiter is sure to last, by this process's clock: the
+    /// script gave it what the entry had left, and no more than `ttl_ms`. The entry lives
+    /// its lifetime from the last renewal that found it queued (sent before the script
+    /// ran), and the script ran after `script_sent`, when known.
+    pub(crate) fn claim(&self, ttl_ms: u64, script_sent: Option<Instant>) -> Timing {
+        let renewed = self.entry.timing();
+        let (base, lifetime_ms) = (renewed.sent_at(), renewed.ttl_ms);
+        let Some(sent_at) = script_sent else {
+            return Timing::claimed(ttl_ms, base, lifetime_ms.min(ttl_ms));
+        };
+        let by_entry = Timing::claimed(ttl_ms, base, lifetime_ms);
+        let by_script = Timing::claimed(ttl_ms, sent_at, ttl_ms);
+        match by_script.expires_at() < by_entry.expires_at() {
+            true => by_script,
+            false => by_entry,
+        }
+    }
+}
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        // The refresher stops renewing it first: what it finds from now on is no news.
+        self.entry.end();
+        self.shared.refresher.remove(self.entry.id);
+        if self.served {
+            return;
+        }
+        // Out of the queue; a hold given to us meanwhile goes to the next (best effort:
+        // the entry lapses within its lifetime anyway, and such a hold with it).
+        let release = Release {
+            kind: self.kind,
+            keys: self.keys,
+            value: self.value,
+            prefix: &self.shared.prefix,
+            queue: Some(Queue {
+                channel: self.shared.subscriber.channel(),
+                entry: Some(self.member),
+                lifetime_ms: millis(self.shared.waiter_lifetime),
+            }),
+            announce: self.shared.announce(),
+        };
+        let sent_at = Instant::now();
+        if let Ok(released) = self.shared.backend.release(&release) {
+            self.shared.subscriber.handed(released.handed, sent_at);
+        }
+    }
+}
+
+/// The entry `member` on `keys`, set by a request sent at `sent_at`, as the refresher
+/// renews it (it tells `enrolment`'s mailbox when it no longer finds it queued).
+fn entry(
+    shared: &Shared,
+    kind: Kind,
+    keys: &[String],
+    member: &str,
+    sent_at: Instant,
+    enrolment: &Enrolment<'_>,
+) -> Arc<Held> {
+    let timing = Timing::new(millis(shared.waiter_lifetime), sent_at);
+    let all = entry_keys(&shared.prefix, keys);
+    let held = Held::new(kind, all, member.to_owned(), 0..0, Vec::new(), timing);
+    let entry = Arc::new(held.queued(keys.len(), Arc::clone(&enrolment.mailbox)));
+    // Without a refresher thread, the entry lapses and the waiter asks at its timeouts.
+    let _ = shared.refresher.add(Arc::clone(&entry));
+    entry
+}
+
+/// `duration` in whole milliseconds, at least 1.
+pub(crate) fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1)
+}
