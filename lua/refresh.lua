@@ -129,9 +129,10 @@ local function renew_entry(first, count, member, lifetime)
     local queue, alive, ticket = KEYS[j], KEYS[j + count], KEYS[j + 2 * count]
     redis.call('zadd', alive, expiry, member)
     if redis.call('pttl', queue) < tonumber(lifetime) then
-      redis.call('pexpire', queue, lifetime)
-      redis.call('pexpire', alive, lifetime)
-      redis.call('pexpire', ticket, lifetime)
+      -- Twice the lifetime, as queue/queue.lua's q_join sets it.
+      redis.call('pexpire', queue, 2 * lifetime)
+      redis.call('pexpire', alive, 2 * lifetime)
+      redis.call('pexpire', ticket, 2 * lifetime)
     end
   end
   return 1

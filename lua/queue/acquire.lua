@@ -39,7 +39,16 @@ if redis.replicate_commands and not redis.REDIS_VERSION_NUM then
   redis.replicate_commands()
 end
 q_setup(n, not with_queue and {} or nil)
-local now = q_now()
+-- The server's clock, asked only where something expires by it (not for a lock on free
+-- keys nobody waits for).
+local now = 0
+local anyone = false
+for i = 1, n do
+  anyone = anyone or q_waiting[i]
+end
+if kind ~= 'l' or anyone then
+  now = q_now()
+end
 
 -- What each key is: another type is never touched; the same owner re-obtains its own.
 local owner = string.sub(value, 1, owner_len)
@@ -47,7 +56,9 @@ local mine = 0
 for i = 1, n do
   local key = KEYS[i]
   local found = redis.call('type', key).ok
-  if found == 'string' then
+  if found == 'none' then
+    q_free_found[kind .. key] = true
+  elseif found == 'string' then
     if kind ~= 'l' then
       -- A lock holds it: a reader waits; a semaphore's key is never a string.
       if kind == 'p' then
@@ -55,8 +66,13 @@ for i = 1, n do
       end
     elseif redis.call('getrange', key, 0, owner_len - 1) == owner then
       mine = mine + 1
+    else
+      q_free_found['l' .. key] = false -- another owner's lock
     end
   elseif found == 'zset' then
+    if now == 0 then
+      now = q_now()
+    end
     local marker = redis.call('zscore', key, '')
     if kind == 'p' then
       local stored = marker and marker ~= '-inf' and -tonumber(marker)
@@ -114,7 +130,7 @@ if (kind == 'l' and mine == n) or held_by then
   local fences = {'kept'}
   if kind == 'l' then
     for i = 1, n do
-      redis.call('set', KEYS[i], value, 'PX', ttl)
+      redis.call('psetex', KEYS[i], ttl, value) -- not SET: see queue.lua's q_take
       if fencing then
         local current = tonumber(redis.call('get', KEYS[4 * n + i]) or '0')
         fences[i + 1] = current >= 1 and current or redis.call('incr', KEYS[4 * n + i])
@@ -142,7 +158,7 @@ local me = {
   member = member ~= '' and member or nil, kind = kind, n = n, keys = keys,
   value = value, fencing = fencing, limit = limit,
 }
-local queued = me.member and q_waiting[1] and redis.call('zscore', KEYS[n + 1], member)
+local queued = me.member and q_waiting[1] and redis.call('zscore', KEYS[n + 1], member) and true
 if mine == 0 and q_servable(me, now, queued) == true then
   local fences = q_take(me, ttl, now)
   if not fencing then
@@ -152,27 +168,24 @@ if mine == 0 and q_servable(me, now, queued) == true then
   return fences
 end
 
--- Not ours to take now: others first, if they can be served; then our place.
+-- Not ours to take now: others first, if they can be served (only where some key is
+-- free: a release serves the others); then our place.
+if now == 0 then
+  now = q_now()
+end
 local handed = {}
-q_serve(now, own, handed)
-if me.member then
-  q_join(member, now, lifetime)
-end
--- When what holds the keys expires, should it have died without a release.
-local hint = lifetime
 for i = 1, n do
-  local key = KEYS[i]
-  local left
-  if kind == 'p' then
-    local first = redis.call('zrangebyscore', key, '(0', '+inf', 'withscores', 'limit', 0, 1)
-    left = first[2] and tonumber(first[2]) - now
-  else
-    left = redis.call('pttl', key)
-  end
-  if left and left > 0 and left < hint then
-    hint = left
+  if q_waiting[i] and q_free(kind, KEYS[i], now) then
+    q_serve(now, own, handed)
+    break
   end
 end
+if me.member then
+  q_join(member, now, lifetime, queued)
+end
+-- No timer is needed for what holds the keys to expire: the first waiter's renewal finds
+-- them free then, and has it ask (see ../refresh.lua).
+local hint = lifetime
 local reply = {'queued', math.max(1, hint)}
 for _, item in ipairs(handed) do
   reply[#reply + 1] = item

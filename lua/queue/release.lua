@@ -57,6 +57,9 @@ if kind == 'l' or kind == 'd' then
     end
   elseif #ours > 0 then
     redis.call('del', unpack(ours))
+    for _, key in ipairs(ours) do
+      q_free_found['l' .. key], q_free_found['r' .. key] = true, true
+    end
   end
   freed = ours
 else

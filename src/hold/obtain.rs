@@ -291,8 +291,12 @@ impl<'a> Plan<'a> {
         }
         let entry = (self.waits && self.queued).then_some(self.member.as_str());
         let attempt = self.attempt(waiting.attempt_value.as_deref(), entry);
-        // A plain SET first only on a first attempt, where the key is likely free.
-        let first = waiting.place.is_none() && waiting.ticket.is_none();
+        // A plain SET first only on a first attempt, where the key is likely free, and,
+        // with the queue, only for a caller that does not wait: one that does asks the
+        // script at once, which finds the key free as cheaply or takes its place (a SET
+        // that fails would cost a round trip more).
+        let first =
+            waiting.place.is_none() && waiting.ticket.is_none() && !(self.queued && self.waits);
         let sent_at = Instant::now();
         let (expires_in, partial) = match self.shared.backend.acquire(&attempt, first)? {
             Acquired::Yes { fences, .. } => {
@@ -302,9 +306,11 @@ impl<'a> Plan<'a> {
                 let timing = Timing::new(self.ttl_ms, sent_at);
                 return Ok(Step::Taken { fences, timing });
             }
-            Acquired::Queued { retry_in, handed } => {
+            // No timer: the waiter's renewals find the keys free should what holds them
+            // die (see `lua/refresh.lua`), and have it ask.
+            Acquired::Queued { handed, .. } => {
                 self.shared.subscriber.handed(handed, sent_at);
-                (Some(retry_in), false)
+                (None, false)
             }
             Acquired::HeldElsewhere => (None, false),
             Acquired::Partial => (None, true),
@@ -328,7 +334,7 @@ impl<'a> Plan<'a> {
         };
         if let Some(entry) = entry {
             match &mut waiting.place {
-                Some(place) => place.requeued(sent_at),
+                Some(place) => place.requeued(sent_at)?,
                 None => {
                     log::debug!("redguard: {:?} of {:?} held: queued", self.kind, self.keys);
                     let place = Place::new(
@@ -338,7 +344,7 @@ impl<'a> Plan<'a> {
                         &self.value,
                         entry,
                         sent_at,
-                    );
+                    )?;
                     waiting.place = Some(place);
                 }
             }

@@ -10,6 +10,7 @@ use super::{Held, Kind, Timing};
 use crate::backend::{Queue, Release, entry_keys};
 use crate::shared::Shared;
 use crate::wait::{Enrolment, Letter};
+use crate::{Error, Result};
 
 /// What a queued waiter heard.
 pub(crate) enum Word {
@@ -49,10 +50,10 @@ impl<'a> Place<'a> {
         value: &'a str,
         member: &'a str,
         sent_at: Instant,
-    ) -> Place<'a> {
+    ) -> Result<Place<'a>> {
         let enrolment = shared.subscriber.enrol(value);
-        let entry = entry(shared, kind, keys, member, sent_at, &enrolment);
-        Place {
+        let entry = entry(shared, kind, keys, member, sent_at, &enrolment)?;
+        Ok(Place {
             shared,
             kind,
             keys,
@@ -61,7 +62,7 @@ impl<'a> Place<'a> {
             enrolment,
             entry,
             served: false,
-        }
+        })
     }
 
     /// Waits until `until` for word of the waiter's entry.
@@ -91,21 +92,16 @@ impl<'a> Place<'a> {
     /// An attempt sent at `sent_at` found the waiter queued (again): should the refresher
     /// have given up on its entry (found gone, or not renewed in time), it takes it on
     /// anew.
-    pub(crate) fn requeued(&mut self, sent_at: Instant) {
+    pub(crate) fn requeued(&mut self, sent_at: Instant) -> Result<()> {
         self.served = false;
         if !self.entry.is_lost() {
-            return;
+            return Ok(());
         }
         self.entry.end();
         self.shared.refresher.remove(self.entry.id);
-        self.entry = entry(
-            self.shared,
-            self.kind,
-            self.keys,
-            self.member,
-            sent_at,
-            &self.enrolment,
-        );
+        let (shared, kind, keys, member) = (self.shared, self.kind, self.keys, self.member);
+        self.entry = entry(shared, kind, keys, member, sent_at, &self.enrolment)?;
+        Ok(())
     }
 
     /// The waiter took its hold by an attempt of its own (which took the entry out).
@@ -170,14 +166,17 @@ fn entry(
     member: &str,
     sent_at: Instant,
     enrolment: &Enrolment<'_>,
-) -> Arc<Held> {
+) -> Result<Arc<Held>> {
     let timing = Timing::new(millis(shared.waiter_lifetime), sent_at);
     let all = entry_keys(&shared.prefix, keys);
     let held = Held::new(kind, all, member.to_owned(), 0..0, Vec::new(), timing);
     let entry = Arc::new(held.queued(keys.len(), Arc::clone(&enrolment.mailbox)));
-    // Without a refresher thread, the entry lapses and the waiter asks at its timeouts.
-    let _ = shared.refresher.add(Arc::clone(&entry));
-    entry
+    // Without a refresher thread the entry would lapse: as for a hold, an error.
+    shared
+        .refresher
+        .add(Arc::clone(&entry))
+        .map_err(Error::Refresher)?;
+    Ok(entry)
 }
 
 /// `duration` in whole milliseconds, at least 1.

@@ -11,7 +11,7 @@ use crate::server::RedisServer;
 /// The minimal ACL rules, as the security chapter of the guide gives them.
 const RULES: &str = "resetkeys ~locks:* resetchannels &locks:* -@all \
     +set +evalsha +eval +publish +subscribe +unsubscribe +ping +echo \
-    +msetnx +mset +pexpire +pexpireat +pttl +getrange +type +get +mget +del +incr +exists \
+    +msetnx +mset +psetex +pexpire +pexpireat +pttl +getrange +type +get +mget +del +incr +exists \
     +time +zadd +zrem +zrange +zrangebyscore +zremrangebyscore +zscore +zrank +zcard +zcount";
 
 #[test]

@@ -32,6 +32,8 @@ fn a_reply_lost_on_acquire_errors_in_time_and_blocks_no_one_beyond_the_ttl() {
     let direct = crate::locker(&server);
     // Well past the I/O timeout, so that the call's error comes long before it expires.
     let ttl = Duration::from_millis(1500);
+    // The acquire script loaded (else its first call is EVALSHA, whose NOSCRIPT is lost).
+    locker.lock(&["w:other"]).unwrap().release().unwrap();
     proxy.drop_replies_after(0);
     let started = Instant::now();
     let err = locker
