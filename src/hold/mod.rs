@@ -7,11 +7,13 @@ mod held;
 mod holding;
 mod obtain;
 mod place;
+mod plan;
 mod refresher;
 mod token;
 
 pub(crate) use held::{Held, Kind, Timing, drift_ms, later};
 pub(crate) use holding::Holding;
-pub(crate) use obtain::{Request, obtain};
+pub(crate) use obtain::obtain;
+pub(crate) use plan::Request;
 pub(crate) use refresher::Refresher;
 pub(crate) use token::{is_random_form, metadata_of, owner_part, random_token};

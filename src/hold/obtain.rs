@@ -1,21 +1,23 @@
 //! Obtaining a hold, whatever its kind: the one waiting loop of every primitive.
 //!
-//! 1. [`Plan`]: the checks, the value, the deadline: everything fixed for the whole wait.
-//! 2. [`attempt`]: one script call. With the server's queue, an attempt that finds the
+//! 1. `Plan` (in `plan.rs`): the checks, the value, the deadline: everything fixed for the
+//!    whole wait.
+//! 2. `attempt_once`: one script call. With the server's queue, an attempt that finds the
 //!    keys held (or others before it) leaves the waiter's entry in each key's queue, in
-//!    the same script, and the waiter gets a [`Place`].
-//! 3. [`sleep`]: until word comes (a script gave the waiter its hold: done, without a
-//!    round trip; or it should ask), until what holds the keys may have expired, or until
-//!    the next retry delay; without the queue, until a release is heard.
+//!    the same script, and the waiter gets a `Place` (in `place.rs`).
+//! 3. `sleep`: until word comes (a script gave the waiter its hold: done, without a
+//!    round trip; or it should ask), or until the deadline (a queued waiter sleeps on
+//!    through its retry delays: its place keeps its turn); without the queue, until a
+//!    release is heard or the next retry delay is over.
 //! 4. Again from 2, until the hold is taken, the retries run out or the deadline passes.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::place::{Place, Word, millis};
-use super::{Held, Holding, Kind, Timing, later, owner_part, random_token};
-use crate::backend::{Acquired, Attempt, Queue, Refresh, Refreshed, Replicas};
-use crate::options::{checked_token, checked_ttl};
+use super::place::{Place, Word};
+use super::plan::{Plan, Request, Taken};
+use super::{Holding, Timing, later, random_token};
+use crate::backend::Acquired;
 use crate::retry::Delays;
 use crate::shared::Shared;
 use crate::wait::{Seen, Ticket, Wake};
@@ -28,15 +30,6 @@ use crate::{Error, LockOptions, Result, stats};
 /// in all, as a loaded host can hold the release's other requests up that long.
 const QUICK_PAUSE: Duration = Duration::from_millis(1);
 const QUICK_RETRIES: u32 = 6;
-
-/// What to obtain: a hold of some kind on its keys.
-pub(crate) struct Request {
-    pub(crate) kind: Kind,
-    /// The keys as stored in Redis (with the locker's prefix), none empty or repeated.
-    pub(crate) keys: Vec<String>,
-    /// The caller's names for the keys, when they differ.
-    pub(crate) names: Option<Vec<String>>,
-}
 
 /// Obtains `request` as `options` say, with `no_quorum` as the error when too few quorum
 /// nodes answer.
@@ -58,30 +51,6 @@ pub(crate) fn obtain(
     obtained
 }
 
-/// Everything fixed for the whole wait.
-struct Plan<'a> {
-    shared: &'a Arc<Shared>,
-    kind: Kind,
-    keys: Vec<String>,
-    names: Option<Vec<String>>,
-    /// The owner part, then the metadata; `token_at` is where the token is in it.
-    value: String,
-    token_at: std::ops::Range<usize>,
-    ttl_ms: u64,
-    fencing: bool,
-    fixed_token: bool,
-    replicas: Option<Replicas>,
-    started: Instant,
-    deadline: Option<Instant>,
-    /// Whether it waits in the server's queue (else it listens for releases).
-    queued: bool,
-    /// Whether it waits at all: a single attempt (try_lock, a zero timeout) takes no
-    /// place in any queue.
-    waits: bool,
-    /// The waiter's queue entry (see `scripts::queue_entry`).
-    member: String,
-}
-
 /// What changes from one attempt to the next.
 struct Waiting<'b> {
     delays: Delays,
@@ -99,9 +68,6 @@ struct Waiting<'b> {
     attempt_value: Option<String>,
     /// Quick attempts left since a release was last heard (on a quorum).
     quick: u32,
-    /// When what holds the keys expires, should it have died: a queued waiter, which
-    /// otherwise waits for word, attempts then.
-    expires_at: Option<Instant>,
 }
 
 /// How a sleep ended.
@@ -121,88 +87,13 @@ enum Step {
         fences: Vec<u64>,
         timing: Timing,
     },
-    /// Not taken: what holds the keys expires in this long, should it have died (`None`:
-    /// not known); `partial` on a quorum that found only some nodes free.
+    /// Not taken; `partial` on a quorum that found only some nodes free.
     Wait {
-        expires_in: Option<Duration>,
         partial: bool,
     },
 }
 
-impl<'a> Plan<'a> {
-    fn new(
-        shared: &'a Arc<Shared>,
-        request: Request,
-        options: &LockOptions,
-        started: Instant,
-    ) -> Result<Plan<'a>> {
-        let Request { kind, keys, names } = request;
-        let ttl_ms = checked_ttl(options.ttl.unwrap_or(shared.default_ttl))?;
-        let prefix = shared.prefix.as_str();
-        shared
-            .backend
-            .supports(kind, &keys, names.as_deref(), prefix, options, ttl_ms)?;
-        let replicas = (options.replicas > 0).then_some(Replicas {
-            wanted: options.replicas,
-            timeout: shared.replica_timeout,
-        });
-        let token = match &options.token {
-            Some(token) => {
-                checked_token(token)?;
-                token.clone()
-            }
-            None => random_token()?,
-        };
-        let owner = owner_part(&token);
-        // The token ends the owner part; the metadata follows it.
-        let token_at = owner.len() - token.len()..owner.len();
-        let mut plan = Plan {
-            shared,
-            kind,
-            queued: shared.backend.queues(&keys, prefix),
-            keys,
-            names,
-            value: owner + &options.metadata,
-            token_at,
-            ttl_ms,
-            fencing: options.fencing,
-            fixed_token: options.token.is_some(),
-            replicas,
-            started,
-            // A timeout too long for the clock is no deadline at all.
-            deadline: options.timeout.and_then(|t| started.checked_add(t)),
-            waits: options.retry.waits() && options.timeout.is_none_or(|t| !t.is_zero()),
-            member: String::new(),
-        };
-        if plan.queued && plan.waits {
-            plan.member =
-                crate::backend::queue_entry(&plan.attempt(None, None), shared.subscriber.channel());
-        }
-        Ok(plan)
-    }
-
-    /// The request of one attempt, with `value` (else the plan's) and, with the queue,
-    /// the caller's `entry` should it have to wait.
-    fn attempt<'b>(&'b self, value: Option<&'b str>, entry: Option<&'b str>) -> Attempt<'b> {
-        Attempt {
-            kind: self.kind,
-            keys: &self.keys,
-            value: value.unwrap_or(&self.value),
-            owner_len: self.token_at.end,
-            ttl_ms: self.ttl_ms,
-            fencing: self.fencing,
-            prefix: &self.shared.prefix,
-            fixed_token: self.fixed_token,
-            queue: self.queued.then(|| Queue {
-                channel: self.shared.subscriber.channel(),
-                entry,
-                lifetime_ms: millis(self.shared.waiter_lifetime),
-            }),
-            channels: self.shared.announce(),
-            replicas: self.replicas,
-        }
-    }
-
+impl Plan<'_> {
     /// The waiting loop, then the hold.
     fn obtain(self, options: &LockOptions, no_quorum: &impl Fn() -> Error) -> Result<Holding> {
         let taken = self.wait(options.retry.delays(), no_quorum)?;
@@ -225,10 +116,9 @@ impl<'a> Plan<'a> {
             before: Seen::default(),
             attempt_value: None,
             quick: 0,
-            expires_at: None,
         };
         loop {
-            let (expires_in, partial) = match self.attempt_once(&mut waiting, no_quorum)? {
+            let partial = match self.attempt_once(&mut waiting, no_quorum)? {
                 Step::Taken { fences, timing } => {
                     let value = waiting.attempt_value.take();
                     return Ok(Taken {
@@ -238,12 +128,8 @@ impl<'a> Plan<'a> {
                         handed: false,
                     });
                 }
-                Step::Wait {
-                    expires_in,
-                    partial,
-                } => (expires_in, partial),
+                Step::Wait { partial } => partial,
             };
-            waiting.expires_at = expires_in.map(|wait| later(Instant::now(), wait));
             loop {
                 let Some(until) = self.next_wake(&mut waiting, partial) else {
                     // Out of time: a hold given to it just now is its own all the same.
@@ -298,7 +184,7 @@ impl<'a> Plan<'a> {
         let first =
             waiting.place.is_none() && waiting.ticket.is_none() && !(self.queued && self.waits);
         let sent_at = Instant::now();
-        let (expires_in, partial) = match self.shared.backend.acquire(&attempt, first)? {
+        let partial = match self.shared.backend.acquire(&attempt, first)? {
             Acquired::Yes { fences, .. } => {
                 if let Some(place) = &mut waiting.place {
                     place.served();
@@ -306,31 +192,15 @@ impl<'a> Plan<'a> {
                 let timing = Timing::new(self.ttl_ms, sent_at);
                 return Ok(Step::Taken { fences, timing });
             }
-            // No timer: the waiter's renewals find the keys free should what holds them
-            // die (see `lua/refresh.lua`), and have it ask.
+            // No timer for what holds the keys to die: the waiter's renewals find them
+            // free then (see `lua/refresh.lua`), and have it ask.
             Acquired::Queued { handed, .. } => {
                 self.shared.subscriber.handed(handed, sent_at);
-                (None, false)
+                false
             }
-            Acquired::HeldElsewhere => (None, false),
-            Acquired::Partial => (None, true),
-            Acquired::WrongType { key, kind } => {
-                return Err(Error::WrongType {
-                    key: self.name_of(key),
-                    kind,
-                });
-            }
-            Acquired::OtherLimit { limit } => return Err(self.other_limit(limit)),
-            Acquired::NoQuorum => return Err(no_quorum()),
-            Acquired::NotReplicated {
-                acknowledged,
-                wanted,
-            } => {
-                return Err(Error::NotReplicated {
-                    acknowledged,
-                    wanted,
-                });
-            }
+            Acquired::HeldElsewhere => false,
+            Acquired::Partial => true,
+            refused => return Err(self.refusal(refused, no_quorum)),
         };
         if let Some(entry) = entry {
             match &mut waiting.place {
@@ -349,15 +219,12 @@ impl<'a> Plan<'a> {
                 }
             }
         }
-        Ok(Step::Wait {
-            expires_in,
-            partial,
-        })
+        Ok(Step::Wait { partial })
     }
 
     /// When to wake at the latest: at the end of the current retry delay (the next one if
-    /// it is over), at the deadline, when what holds the keys expires should it have died,
-    /// and soon after a quorum found only some nodes free. `None`: the wait is over.
+    /// it is over), at the deadline, and soon after a quorum found only some nodes free.
+    /// `None`: the wait is over.
     fn next_wake(&self, waiting: &mut Waiting<'_>, partial: bool) -> Option<Instant> {
         if !self.waits {
             return None;
@@ -372,9 +239,6 @@ impl<'a> Plan<'a> {
             until = until.min(deadline); // one last attempt at the deadline itself
         }
         waiting.wake_at = Some(until);
-        if let Some(expires_at) = waiting.expires_at {
-            until = until.min(expires_at.max(now));
-        }
         if partial && waiting.quick > 0 {
             let pause = QUICK_PAUSE * (1 << (QUICK_RETRIES - waiting.quick));
             waiting.quick -= 1;
@@ -394,12 +258,6 @@ impl<'a> Plan<'a> {
                 }
                 Word::Attempt => {
                     stats::woken("turn");
-                    Woke::Attempt
-                }
-                // What held the keys may have died: its expiry frees them, and no release
-                // serves the queue then.
-                Word::Timeout if waiting.expires_at.is_some_and(|at| Instant::now() >= at) => {
-                    stats::woken("timeout");
                     Woke::Attempt
                 }
                 Word::Timeout => {
@@ -422,102 +280,4 @@ impl<'a> Plan<'a> {
         }
         Woke::Attempt
     }
-
-    /// A hold a script gave the waiter: it lasts what the waiter's entry had left.
-    fn handed(&self, place: &Place<'_>, fences: Vec<u64>, sent_at: Option<Instant>) -> Taken {
-        Taken {
-            fences,
-            timing: place.claim(self.ttl_ms, sent_at),
-            value: None,
-            handed: true,
-        }
-    }
-
-    /// A hold a script gave the waiter, if it is still sure to last by this process's
-    /// clock; else (a short TTL, a waiter that heard late) refreshed here first: `None`
-    /// when it is gone already.
-    fn confirmed(&self, taken: Taken) -> Result<Option<Taken>> {
-        if !taken.handed || taken.timing.expires_at() > Instant::now() {
-            return Ok(Some(taken));
-        }
-        let hold = Refresh {
-            kind: self.kind,
-            entry_of: None,
-            keys: &self.keys,
-            value: &self.value,
-            ttl_ms: self.ttl_ms,
-            replicas: self.replicas,
-        };
-        match self.shared.backend.refresh(std::slice::from_ref(&hold))?[..] {
-            [Refreshed::Held { sent_at }] => Ok(Some(Taken {
-                timing: Timing::new(self.ttl_ms, sent_at),
-                handed: false,
-                ..taken
-            })),
-            [
-                Refreshed::NotReplicated {
-                    acknowledged,
-                    wanted,
-                },
-            ] => Err(Error::NotReplicated {
-                acknowledged,
-                wanted,
-            }),
-            [Refreshed::Lost] => Ok(None),
-            _ => Err(Error::Redis(self.shared.backend.undecided())),
-        }
-    }
-
-    /// The hold, refreshed from here on (when it is auto-refreshed). One given by a script
-    /// has only what the waiter's entry had left: without auto-refresh, or with replicas
-    /// to wait for, it is refreshed to its TTL here, at once.
-    fn into_holding(self, taken: Taken, auto_refresh: bool) -> Result<Holding> {
-        let Taken {
-            fences,
-            timing,
-            value,
-            handed,
-        } = taken;
-        let (kind, ttl_ms, replicas) = (self.kind, self.ttl_ms, self.replicas);
-        // A random token of this attempt's own has the same place in the value.
-        let value = value.unwrap_or(self.value);
-        let held = Held::new(kind, self.keys, value, self.token_at, fences, timing);
-        let held = held.named(self.names).replicated(replicas);
-        let holding = Holding::new(Arc::clone(self.shared), held, auto_refresh)?;
-        if handed && (!auto_refresh || replicas.is_some()) {
-            holding.refresh(Duration::from_millis(ttl_ms))?;
-        }
-        Ok(holding)
-    }
-
-    /// A key as the caller named it (a fencing counter by its Redis name).
-    fn name_of(&self, key: String) -> String {
-        let named = self.keys.iter().position(|k| *k == key);
-        let names = self.names.as_ref();
-        named
-            .and_then(|i| names.and_then(|names| names.get(i).cloned()))
-            .unwrap_or(key)
-    }
-
-    fn other_limit(&self, stored: u32) -> Error {
-        let name = self.names.as_ref().and_then(|names| names.first());
-        let asked = match self.kind {
-            Kind::Permit { limit } => limit,
-            Kind::Lock | Kind::Read => 0,
-        };
-        Error::InvalidInput(format!(
-            "semaphore {:?} is held with a limit of {stored}, not {asked}: every user of a \
-             semaphore must give the same limit (another is accepted once no permit is held)",
-            name.unwrap_or(&self.keys[0])
-        ))
-    }
-}
-
-/// A hold taken: by an attempt (`value` when the attempt had a value of its own), or given
-/// by a script (`handed`).
-struct Taken {
-    fences: Vec<u64>,
-    timing: Timing,
-    value: Option<String>,
-    handed: bool,
 }

@@ -23,7 +23,9 @@
 mod board;
 mod mailbox;
 mod subscriber;
+mod ticket;
 
-pub(crate) use board::{Enrolment, Seen, Ticket, Wake};
+pub(crate) use board::{Enrolment, Seen};
 pub(crate) use mailbox::{Letter, Mailbox};
 pub(crate) use subscriber::Subscriber;
+pub(crate) use ticket::{Ticket, Wake};

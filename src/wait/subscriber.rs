@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::board::{Board, Enrolment, SWEEP, Seen, Ticket};
+use super::board::{Board, Enrolment, SWEEP, Seen};
 use super::mailbox::{self, Letter};
+use super::ticket::Ticket;
 use crate::backend::{Handed, Pool};
 use crate::hold::random_token;
 use crate::{Error, Result};
