@@ -6,6 +6,7 @@ mod cli_stop;
 mod cluster;
 mod cluster_queue;
 mod cluster_server;
+mod dead_waiters;
 mod faults;
 mod fencing;
 mod holders;
