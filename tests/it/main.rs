@@ -14,6 +14,7 @@ mod input;
 mod lock;
 mod lost;
 mod order;
+mod overlap;
 mod props;
 mod proxy;
 mod queue;
