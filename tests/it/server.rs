@@ -155,3 +155,21 @@ pub fn queue_of(key: &str) -> String {
         format!("redguard:queue:{{{key}}}")
     }
 }
+
+/// Helpers for the queue tests (`order.rs`, `dead_waiters.rs`, `queue_keys.rs`).
+impl RedisServer {
+    /// The entries of `key`'s queue, first in line first (see `lua/queue/queue.lua`): each
+    /// holds its waiter's value, so its metadata too.
+    #[allow(dead_code)]
+    pub fn queue_entries(&self, key: &str) -> Vec<String> {
+        self.query(&["ZRANGE", &queue_of(key), "0", "-1"])
+    }
+
+    /// Every key on the server, sorted.
+    #[allow(dead_code)]
+    pub fn all_keys(&self) -> Vec<String> {
+        let mut keys: Vec<String> = self.query(&["KEYS", "*"]);
+        keys.sort();
+        keys
+    }
+}
