@@ -4,7 +4,7 @@
 -- only how many.
 -- Returns {what, fence, value, ms, value, ms, ...} ({what, fence, n} for 'count'): what
 -- is 'free', 'lock' (one value; ms -1 when the key has no TTL), 'read' (each live reader,
--- see queue/acquire.lua, then each lock queued for the key: '!' and its value) or 'semaphore' (each live permit, see semaphore/acquire.lua);
+-- see queue/acquire.lua, then each lock queued for the key: '!' and its value) or 'semaphore' (each live permit, see queue/acquire.lua);
 -- fence is the counter as it is, or -1 when there is none, or it is not a counter, or
 -- the key is a semaphore (its permits have no counter value of their own); ms are left on
 -- the server's clock, the first to expire first. Or {'wrongtype', key, type}.

@@ -3,7 +3,7 @@
 -- KEYS: the keys of every hold, one hold after another.
 -- ARGV: three per hold: its shape, its value (owner .. metadata), the new TTL in ms. The
 -- shape of a lock is its number of keys, each a string that must hold the value; 'p' is a
--- semaphore permit, whose one key is its semaphore (see semaphore/acquire.lua); 'r' and a
+-- semaphore permit, whose one key is its semaphore (see queue/acquire.lua); 'r' and a
 -- number is a shared hold of that many keys (see queue/acquire.lua); 'w' and a number is
 -- a waiter's queue entry (see queue/queue.lua) on that many keys, whose keys are those
 -- keys, then their queues, their expiries and their tickets, whose value is the entry and
@@ -29,7 +29,7 @@ if total ~= #KEYS or #ARGV % 3 ~= 0 then
   return redis.error_reply('ERR redguard refresh: keys and arguments do not match')
 end
 
--- Permits expire on this server's clock (see semaphore/acquire.lua, also for why the
+-- Permits expire on this server's clock (see queue/acquire.lua, also for why the
 -- writes must be replicated as such, which is decided before the first write).
 local now
 if timed then

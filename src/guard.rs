@@ -100,6 +100,9 @@ impl LockGuard {
     /// refresh succeeds first (counted from before the last successful request was sent,
     /// less the drift allowance, so never past the server's expiry); zero once lost. What
     /// a caller with a deadline of its own (stop work before the hold can expire) needs.
+    /// Right after a `lock` that was handed the keys by a release, it is what the
+    /// waiter's place in the queue had left (at most the waiter lifetime) until the
+    /// refresher lengthens it, soon after: see [semantics](crate::guide::semantics).
     pub fn valid_for(&self) -> Duration {
         self.holding.valid_for()
     }

@@ -26,12 +26,12 @@ impl Holder {
         holds
             .into_iter()
             .map(|(value, ttl)| {
-                let intent = value.strip_prefix('!');
+                let queued = value.strip_prefix('!');
                 Holder {
-                    metadata: metadata_of(intent.unwrap_or(&value)).to_owned(),
+                    metadata: metadata_of(queued.unwrap_or(&value)).to_owned(),
                     ttl,
-                    shared: shared && intent.is_none(),
-                    waiting: intent.is_some(),
+                    shared: shared && queued.is_none(),
+                    waiting: queued.is_some(),
                     fence,
                 }
             })

@@ -106,7 +106,9 @@
 //! still holds exactly the guard's value, and release deletes the keys that still do. One
 //! background thread per [`Locker`] refreshes all of its auto-refreshed guards at about a
 //! third of their TTL, in one script call (one round trip) per wake-up, and marks a guard
-//! lost when its lock is gone. Waiters are woken by a publish on release. The whole
+//! lost when its lock is gone. Waiters wait in one queue per key on the server, in
+//! arrival order, whatever process they are in; a release gives the keys to the first
+//! and tells it with one message, so it wakes holding them. The whole
 //! story is in the [guide]: [semantics](guide::semantics),
 //! [read locks](guide::read_locks), [semaphores](guide::semaphores), [fencing](guide::fencing),
 //! [security](guide::security), [scaling out](guide::scaling_out) (Sentinel and replicas,
@@ -148,10 +150,12 @@
 //!   with their TTL.
 //! - Two guards with the same fixed token *and* metadata are one lock to Redis: releasing
 //!   either releases both.
-//! - Order is kept only inside one locker: its threads are served in arrival order (see
-//!   [semantics](guide::semantics)), but between lockers (other processes) the first to
-//!   attempt after a release wins. Hand-overs within a locker are bounded so that other
-//!   lockers are not starved; no order between them is guaranteed.
+//! - Arrival order holds on one server, through Sentinel and for a cluster lock in one hash
+//!   slot, among waiters for single keys or the same keys; a waiter for several keys may
+//!   be passed on some of them while another is held. A lock across cluster slots or on
+//!   a quorum takes no place in any queue: the first to attempt after a release wins (see
+//!   [semantics](guide::semantics)). A waiter that dies while queued holds the others up
+//!   for up to about 2 s ([`LockerBuilder::waiter_lifetime`]).
 //!
 //! # Features
 //! - `testing`: [`testing::Server`], a private `redis-server` on a free loopback port for

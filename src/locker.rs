@@ -16,7 +16,9 @@ use crate::{Error, LockGuard, LockOptions, LockerBuilder, Result, Semaphore};
 ///   background: one on a single server, one per node on a quorum, one for the cluster
 ///   pool and one per seed on a cluster;
 /// - `redguard-refresher`: one, from the first guard with auto-refresh on;
-/// - `redguard-subscriber`: one, from the first thread that waits for a held key;
+/// - `redguard-subscriber`: one, from the first thread that waits for a held key: it
+///   listens on the locker's own channel, where a release tells its waiters they were
+///   given their holds;
 /// - `redguard-sentinel`: through Sentinel, one that listens for failovers.
 ///
 /// ```no_run

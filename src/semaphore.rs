@@ -63,10 +63,10 @@ pub const MAX_LIMIT: u32 = 1_000_000;
 ///
 /// # Permits
 /// Auto-refreshed by the locker's one refresher thread, in the same round trip as its
-/// locks; a refresh never revives an expired permit (it is then lost). A release
-/// announces itself, so waiters are woken at once; the waiters of one locker wait in line,
-/// and each one that gets a permit lets the next one try. A permit is never handed over
-/// the way a lock is (see [semantics](crate::guide::semantics)).
+/// locks; a refresh never revives an expired permit (it is then lost). Waiters of every
+/// locker wait in the semaphore's one queue on the server, in arrival order: a permit
+/// given back goes to the first of them, who wakes holding it (see
+/// [semantics](crate::guide::semantics)).
 ///
 /// # Options
 /// [`LockOptions`] apply as to locks, with these meanings:

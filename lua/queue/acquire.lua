@@ -121,6 +121,30 @@ if kind == 'p' and redis.call('exists', KEYS[1]) == 1 then
     end
   end
 end
+-- A shared hold this value has on every key already: given to it by a release whose word
+-- is still on its way (or a request sent again).
+local reading = kind == 'r'
+for i = 1, n do
+  local expiry = reading and redis.pcall('zscore', KEYS[i], value)
+  reading = type(expiry) == 'string' and tonumber(expiry) > now
+end
+if reading then
+  if member ~= '' then
+    for i = 1, n do
+      q_remove(i, member)
+    end
+  end
+  local expiry = string.format('%.0f', now + ttl)
+  local fences = {'read'}
+  for i = 1, n do
+    redis.call('zadd', KEYS[i], 'XX', expiry, value)
+    if redis.call('pttl', KEYS[i]) < ttl then
+      redis.call('pexpireat', KEYS[i], expiry)
+    end
+    fences[i + 1] = fencing and tonumber(redis.call('get', KEYS[4 * n + i]) or '0') or nil
+  end
+  return fencing and fences or 1
+end
 if (kind == 'l' and mine == n) or held_by then
   if member ~= '' then
     for i = 1, n do

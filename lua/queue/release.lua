@@ -7,7 +7,9 @@
 -- where release channels start, to announce each freed key to waiters that do not queue
 -- (on a cluster: locks across slots), or '' to announce nothing; ARGV[6]: for 'd', the
 -- TTL; ARGV[7]: '1' when the queue's keys follow the main keys, '' when there are none
--- (see acquire.lua).
+-- (see acquire.lua); ARGV[8]: how long (ms) an entry lives unless renewed; ARGV[9] on:
+-- entries of waiters of the caller's own locker to put at the back of the queue first
+-- (they asked for exactly these keys while the caller held them: see src/wait/joins.rs).
 -- Returns, when no waiter of the caller's own locker was served, 1 when the hold was
 -- whole (it is given up now) and 0 when not (what was still ours is given up all the
 -- same); else {that, value, fences, value, fences, ...} for each waiter of the caller's
@@ -93,6 +95,12 @@ end
 if member ~= '' then
   for i = 1, n do
     q_remove(i, member)
+  end
+end
+if #ARGV >= 9 and with_queue then
+  local now = q_now()
+  for j = 9, #ARGV do
+    q_join(ARGV[j], now, tonumber(ARGV[8]), false)
   end
 end
 local handed = {}

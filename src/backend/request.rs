@@ -65,6 +65,7 @@ impl<'a> Attempt<'a> {
                 ..queue
             }),
             announce: self.channels,
+            joins: &[],
         }
     }
 }
@@ -93,6 +94,8 @@ pub(crate) struct Release<'a> {
     /// Where release channels start: each freed key is announced there (for waiters that
     /// do not queue), or nothing when empty.
     pub(crate) announce: &'a str,
+    /// Entries of waiters of this locker to put in the queue first (see `wait::Pending`).
+    pub(crate) joins: &'a [&'a str],
 }
 
 /// One hold to refresh (a refresh batch is a slice of them): its kind, keys, value and

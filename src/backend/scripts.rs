@@ -359,7 +359,8 @@ pub(crate) fn release_call(release: &Release<'_>, downgrade_ms: Option<u64>) -> 
     } else {
         kind_letter(release.kind)
     };
-    let args = [
+    let lifetime = queue.map_or(1, |queue| queue.lifetime_ms).to_string();
+    let mut args = vec![
         release.value,
         kind,
         queue.map_or("", |queue| queue.channel),
@@ -367,7 +368,9 @@ pub(crate) fn release_call(release: &Release<'_>, downgrade_ms: Option<u64>) -> 
         release.announce,
         &ttl,
         if queue.is_some() { "1" } else { "" },
+        &lifetime,
     ];
+    args.extend(release.joins.iter().copied());
     Call::new(&QUEUE_RELEASE, &keys, &args)
 }
 

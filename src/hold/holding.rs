@@ -5,12 +5,15 @@
 //! run).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use super::place::millis;
 use super::{Held, Kind, Timing};
 use crate::backend::{Queue, Refresh, Refreshed, Release};
 use crate::options::checked_ttl;
 use crate::shared::Shared;
+use crate::wait::Pending;
 use crate::{Error, Result, stats};
 
 pub(crate) struct Holding {
@@ -21,18 +24,32 @@ pub(crate) struct Holding {
     taken_at: Instant,
     /// Set once released, so that `Drop` does nothing more.
     released: bool,
+    /// Counted among this locker's locks of its keys, whose release lets in the entries
+    /// of its threads that asked for them meanwhile (see `wait::Pending`).
+    local: AtomicBool,
 }
 
 impl Holding {
     /// Wraps a freshly obtained hold; with `auto_refresh` the refresher takes it on. If
-    /// that fails, the hold is given up again.
-    pub(crate) fn new(shared: Arc<Shared>, held: Held, auto_refresh: bool) -> Result<Holding> {
+    /// that fails, the hold is given up again. `counted` when the lock was counted among
+    /// the locker's locks of its keys as it was handed to this waiter.
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        held: Held,
+        auto_refresh: bool,
+        counted: bool,
+    ) -> Result<Holding> {
+        let local = held.kind == Kind::Lock && shared.backend.queues(&held.keys, &shared.prefix);
+        if local && !counted {
+            shared.subscriber.joins().hold_began(&held.keys);
+        }
         let holding = Holding {
             shared,
             held: Arc::new(held),
             auto_refresh,
             taken_at: Instant::now(),
             released: false,
+            local: AtomicBool::new(local),
         };
         stats::hold_began();
         if auto_refresh {
@@ -158,11 +175,15 @@ impl Holding {
         // From here a refresh that finds the lock gone found the downgrade.
         held.end();
         let ttl_ms = held.timing().ttl_ms;
+        // Threads of this locker waiting for the lock's release ask for themselves.
+        for pending in self.take_joins() {
+            pending.joined(None);
+        }
         let sent_at = Instant::now();
         let downgraded = self
             .shared
             .backend
-            .downgrade(&self.release_request(), ttl_ms)?;
+            .downgrade(&self.release_request(&[]), ttl_ms)?;
         // The lock is gone either way: nothing for drop to do.
         self.released = true;
         if self.auto_refresh {
@@ -175,7 +196,12 @@ impl Holding {
         // Readers first in line came in with it.
         self.shared.subscriber.handed(downgraded.handed, sent_at);
         let shared_hold = held.converted(Kind::Read, Timing::new(ttl_ms, sent_at));
-        Holding::new(Arc::clone(&self.shared), shared_hold, self.auto_refresh)
+        Holding::new(
+            Arc::clone(&self.shared),
+            shared_hold,
+            self.auto_refresh,
+            false,
+        )
     }
 
     /// Stops refreshing, then gives the hold up: `false` when it was not held to the end
@@ -197,10 +223,26 @@ impl Holding {
     /// The release script of the hold's kind, which gives the keys to the waiters first
     /// in the queue (or, without it, announces them).
     fn release_for_real(&self) -> Result<bool> {
+        // Threads of this locker that asked for these keys meanwhile join the queue by
+        // this release, at its back, in the order they asked.
+        let joins = self.take_joins();
+        let members: Vec<&str> = joins
+            .iter()
+            .map(|pending| pending.member.as_str())
+            .collect();
         let sent_at = Instant::now();
-        let released = self.shared.backend.release(&self.release_request())?;
+        let released = self.shared.backend.release(&self.release_request(&members));
+        let joined = released.as_ref().ok().map(|_| sent_at);
+        let released = released.inspect_err(|_| {
+            for pending in &joins {
+                pending.joined(None);
+            }
+        })?;
         // Waiters of this locker served by it hear it from here, not from a message.
         self.shared.subscriber.handed(released.handed, sent_at);
+        for pending in &joins {
+            pending.joined(joined);
+        }
         log::debug!(
             "redguard: {:?} of {:?} given up",
             self.held.kind,
@@ -209,8 +251,16 @@ impl Holding {
         Ok(released.held)
     }
 
-    /// What gives the hold up.
-    fn release_request(&self) -> Release<'_> {
+    /// The entries of this locker's threads waiting for this lock's release (once).
+    fn take_joins(&self) -> Vec<Pending> {
+        match self.local.swap(false, Ordering::SeqCst) {
+            true => self.shared.subscriber.joins().hold_ending(&self.held.keys),
+            false => Vec::new(),
+        }
+    }
+
+    /// What gives the hold up, letting `joins` into the queue first.
+    fn release_request<'a>(&'a self, joins: &'a [&'a str]) -> Release<'a> {
         let (shared, held) = (&self.shared, &self.held);
         Release {
             kind: held.kind,
@@ -223,9 +273,10 @@ impl Holding {
                 .then(|| Queue {
                     channel: shared.subscriber.channel(),
                     entry: None,
-                    lifetime_ms: 1,
+                    lifetime_ms: millis(shared.waiter_lifetime),
                 }),
             announce: shared.announce(),
+            joins,
         }
     }
 }

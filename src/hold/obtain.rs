@@ -14,13 +14,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::place::{Place, Word};
+use super::place::{Place, Word, millis};
 use super::plan::{Plan, Request, Taken};
-use super::{Holding, Timing, later, random_token};
+use super::{Holding, Kind, Timing, later, random_token};
 use crate::backend::Acquired;
 use crate::retry::Delays;
 use crate::shared::Shared;
-use crate::wait::{Seen, Ticket, Wake};
+use crate::wait::{Letter, Mailbox, Seen, Ticket, Wake};
 use crate::{Error, LockOptions, Result, stats};
 
 /// On a quorum, a release heard from one node may not have reached the others yet: an
@@ -70,6 +70,24 @@ struct Waiting<'b> {
     quick: u32,
 }
 
+/// How long a waiter that asks for keys another thread of its locker holds waits for that
+/// thread's release to let it into the queue, before it asks for itself.
+const JOIN_WAIT: Duration = Duration::from_millis(5);
+
+/// How long a waiter taken by a release in flight waits for that release's word before it
+/// asks for itself: longer than a release takes within the default timeouts.
+const RELEASE_IN_FLIGHT: Duration = Duration::from_secs(5);
+
+/// How a wait for this locker's own release ended (see `Plan::join_by_release`).
+enum Joined<'b> {
+    /// The release gave the waiter the keys.
+    Taken(Taken),
+    /// The release put the waiter in the queue.
+    Queued(Place<'b>),
+    /// The waiter asks for itself.
+    Ask,
+}
+
 /// How a sleep ended.
 enum Woke {
     /// A script gave the waiter its hold.
@@ -117,8 +135,25 @@ impl Plan<'_> {
             attempt_value: None,
             quick: 0,
         };
+        // A lock of this locker on these keys lets this waiter in by its release.
+        let mut ask = match self.join_by_release()? {
+            Joined::Taken(taken) => match self.confirmed(taken)? {
+                Some(taken) => return Ok(taken),
+                None => true,
+            },
+            Joined::Queued(place) => {
+                waiting.place = Some(place);
+                false
+            }
+            Joined::Ask => true,
+        };
         loop {
-            let partial = match self.attempt_once(&mut waiting, no_quorum)? {
+            let step = match ask {
+                true => self.attempt_once(&mut waiting, no_quorum)?,
+                false => Step::Wait { partial: false },
+            };
+            ask = true;
+            let partial = match step {
                 Step::Taken { fences, timing } => {
                     let value = waiting.attempt_value.take();
                     return Ok(Taken {
@@ -126,6 +161,7 @@ impl Plan<'_> {
                         timing,
                         value,
                         handed: false,
+                        counted: false,
                     });
                 }
                 Step::Wait { partial } => partial,
@@ -134,8 +170,9 @@ impl Plan<'_> {
                 let Some(until) = self.next_wake(&mut waiting, partial) else {
                     // Out of time: a hold given to it just now is its own all the same.
                     if let Some(place) = &mut waiting.place
-                        && let Some((fences, sent_at)) = place.handed_meanwhile()
-                        && let Some(taken) = self.confirmed(self.handed(place, fences, sent_at))?
+                        && let Some((fences, sent_at, counted)) = place.handed_meanwhile()
+                        && let Some(taken) =
+                            self.confirmed(self.handed(place, fences, sent_at, counted))?
                     {
                         return Ok(taken);
                     }
@@ -146,7 +183,7 @@ impl Plan<'_> {
                     );
                     return Err(Error::NotObtained);
                 };
-                match self.sleep(&mut waiting, until) {
+                match self.sleep(&mut waiting, until)? {
                     Woke::Taken(taken) => match self.confirmed(taken)? {
                         Some(taken) => return Ok(taken),
                         None => break, // gone already: its place is gone too
@@ -207,19 +244,80 @@ impl Plan<'_> {
                 Some(place) => place.requeued(sent_at)?,
                 None => {
                     log::debug!("redguard: {:?} of {:?} held: queued", self.kind, self.keys);
-                    let place = Place::new(
-                        self.shared,
-                        self.kind,
-                        &self.keys,
-                        &self.value,
-                        entry,
-                        sent_at,
-                    )?;
+                    let (kind, keys, value) = (self.kind, &self.keys, &self.value);
+                    let place = Place::new(self.shared, kind, keys, value, entry, sent_at, None)?;
                     waiting.place = Some(place);
                 }
             }
         }
         Ok(Step::Wait { partial })
+    }
+
+    /// With a lock of this locker on exactly these keys, the waiter's entry is left for its
+    /// release, which puts it at the back of the queue (or gives it the keys) in its own
+    /// script: no round trip of the waiter's. [`Joined::Ask`] when there is no such lock,
+    /// or none released within [`JOIN_WAIT`] (the waiter then asks, as a newcomer).
+    fn join_by_release(&self) -> Result<Joined<'_>> {
+        if !(self.queued && self.waits && self.kind == Kind::Lock) {
+            return Ok(Joined::Ask);
+        }
+        let subscriber = &self.shared.subscriber;
+        let mailbox = Arc::new(Mailbox::new(Some(&self.keys)));
+        // Any release that puts the entry in the queue runs after this.
+        let deferred_at = Instant::now();
+        if !subscriber.joins().defer(&self.keys, &self.member, &mailbox) {
+            return Ok(Joined::Ask);
+        }
+        // Word of a hand-over that came before this waits for it (see `Board::deliver`).
+        let enrolment = subscriber.enrol_mailbox(&self.value, mailbox);
+        let mut until = later(deferred_at, JOIN_WAIT);
+        let mut in_flight = false;
+        if let Some(deadline) = self.deadline {
+            until = until.min(deadline);
+        }
+        loop {
+            match enrolment.mailbox.wait_until(until) {
+                Some(Letter::Handed {
+                    fences,
+                    sent_at,
+                    counted,
+                }) => {
+                    // Given what its new place had: the lifetime, at most the TTL.
+                    let from = sent_at.unwrap_or(deferred_at);
+                    let claim = millis(self.shared.waiter_lifetime).min(self.ttl_ms);
+                    let timing = Timing::claimed(self.ttl_ms, from, claim);
+                    let (value, handed) = (None, true);
+                    return Ok(Joined::Taken(Taken {
+                        fences,
+                        timing,
+                        value,
+                        handed,
+                        counted,
+                    }));
+                }
+                Some(Letter::Queued { sent_at }) => {
+                    let (kind, keys, value) = (self.kind, &self.keys, &self.value);
+                    let member = self.member.as_str();
+                    let enrolment = Some(enrolment);
+                    let place =
+                        Place::new(self.shared, kind, keys, value, member, sent_at, enrolment)?;
+                    return Ok(Joined::Queued(place));
+                }
+                letter @ (Some(Letter::Attempt) | None) => {
+                    // Taken back, or told by the release that took it that it failed:
+                    // the waiter asks for itself.
+                    let withdrawn = subscriber.joins().withdraw(&self.keys, &self.member);
+                    if withdrawn || letter.is_some() || in_flight {
+                        return Ok(Joined::Ask);
+                    }
+                    // Taken by a release in flight: its word comes when its call ends
+                    // (bounded by the pool's timeouts; past that, the waiter asks: its
+                    // attempt finds its place, or the keys its own).
+                    in_flight = true;
+                    until = later(Instant::now(), RELEASE_IN_FLIGHT);
+                }
+            }
+        }
     }
 
     /// When to wake at the latest: at the end of the current retry delay (the next one if
@@ -249,12 +347,12 @@ impl Plan<'_> {
     }
 
     /// Sleeps until `until` or until woken.
-    fn sleep<'b>(&'b self, waiting: &mut Waiting<'b>, until: Instant) -> Woke {
+    fn sleep<'b>(&'b self, waiting: &mut Waiting<'b>, until: Instant) -> Result<Woke> {
         if let Some(place) = &mut waiting.place {
-            return match place.wait_until(until) {
-                Word::Handed(fences, sent_at) => {
+            return Ok(match place.wait_until(until)? {
+                Word::Handed(fences, sent_at, counted) => {
                     stats::woken("handover");
-                    Woke::Taken(self.handed(place, fences, sent_at))
+                    Woke::Taken(self.handed(place, fences, sent_at, counted))
                 }
                 Word::Attempt => {
                     stats::woken("turn");
@@ -264,7 +362,7 @@ impl Plan<'_> {
                     stats::woken("timeout");
                     Woke::DelayServed
                 }
-            };
+            });
         }
         let before = waiting.before;
         let ticket = waiting
@@ -278,6 +376,6 @@ impl Plan<'_> {
             Wake::Subscribed => stats::woken("turn"),
             Wake::Timeout => stats::woken("timeout"),
         }
-        Woke::Attempt
+        Ok(Woke::Attempt)
     }
 }

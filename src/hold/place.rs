@@ -15,8 +15,9 @@ use crate::{Error, Result};
 /// What a queued waiter heard.
 pub(crate) enum Word {
     /// A script gave it its hold, with these fencing tokens (the script sent at that
-    /// time, when known).
-    Handed(Vec<u64>, Option<Instant>),
+    /// time, when known; counted among the locker's locks of its keys: see
+    /// `wait::Pending`).
+    Handed(Vec<u64>, Option<Instant>, bool),
     /// It should ask Redis now (see [`Letter::Attempt`]).
     Attempt,
     /// Nothing, until the time it waited for.
@@ -38,6 +39,9 @@ pub(crate) struct Place<'a> {
     entry: Arc<Held>,
     /// Set once the waiter has its hold: nothing to take out then.
     served: bool,
+    /// When the refresher takes the entry on, if it is not served by then: most waits
+    /// are shorter than that, and cost the refresher nothing (see `wait_until`).
+    renew_from: Option<Instant>,
 }
 
 impl<'a> Place<'a> {
@@ -50,9 +54,11 @@ impl<'a> Place<'a> {
         value: &'a str,
         member: &'a str,
         sent_at: Instant,
+        enrolment: Option<Enrolment<'a>>,
     ) -> Result<Place<'a>> {
-        let enrolment = shared.subscriber.enrol(value);
-        let entry = entry(shared, kind, keys, member, sent_at, &enrolment)?;
+        let lock_keys = (kind == Kind::Lock).then_some(keys);
+        let enrolment = enrolment.unwrap_or_else(|| shared.subscriber.enrol(value, lock_keys));
+        let entry = entry(shared, kind, keys, member, sent_at, &enrolment);
         Ok(Place {
             shared,
             kind,
@@ -62,30 +68,63 @@ impl<'a> Place<'a> {
             enrolment,
             entry,
             served: false,
+            renew_from: Some(sent_at + shared.waiter_lifetime / 6),
         })
     }
 
-    /// Waits until `until` for word of the waiter's entry.
-    pub(crate) fn wait_until(&mut self, until: Instant) -> Word {
-        match self.enrolment.mailbox.wait_until(until) {
-            Some(Letter::Handed { fences, sent_at }) => {
-                self.served = true;
-                Word::Handed(fences, sent_at)
+    /// Waits until `until` for word of the waiter's entry. A wait that goes on past a
+    /// sixth of the entry's lifetime has the refresher take the entry on then (its first
+    /// renewal is due at a third).
+    /// An error when the refresher could not take it on.
+    pub(crate) fn wait_until(&mut self, until: Instant) -> Result<Word> {
+        if let Some(renew_from) = self.renew_from {
+            let word = self.wait_once(until.min(renew_from));
+            if !matches!(word, Word::Timeout) || Instant::now() >= until {
+                return Ok(word);
             }
-            Some(Letter::Attempt) => Word::Attempt,
+            self.renew()?;
+        }
+        Ok(self.wait_once(until))
+    }
+
+    /// Has the refresher renew the entry from now on.
+    fn renew(&mut self) -> Result<()> {
+        self.renew_from = None;
+        self.shared
+            .refresher
+            .add(Arc::clone(&self.entry))
+            .map_err(Error::Refresher)
+    }
+
+    fn wait_once(&mut self, until: Instant) -> Word {
+        match self.enrolment.mailbox.wait_until(until) {
+            Some(Letter::Handed {
+                fences,
+                sent_at,
+                counted,
+            }) => {
+                self.served = true;
+                Word::Handed(fences, sent_at, counted)
+            }
+            // (Queued: word from before the place, which changes nothing: asking is safe.)
+            Some(Letter::Attempt | Letter::Queued { .. }) => Word::Attempt,
             None => Word::Timeout,
         }
     }
 
     /// A hold given to the waiter and not yet taken from its mailbox: its fences, and when
     /// the script was sent if known.
-    pub(crate) fn handed_meanwhile(&mut self) -> Option<(Vec<u64>, Option<Instant>)> {
+    pub(crate) fn handed_meanwhile(&mut self) -> Option<(Vec<u64>, Option<Instant>, bool)> {
         match self.enrolment.mailbox.take()? {
-            Letter::Handed { fences, sent_at } => {
+            Letter::Handed {
+                fences,
+                sent_at,
+                counted,
+            } => {
                 self.served = true;
-                Some((fences, sent_at))
+                Some((fences, sent_at, counted))
             }
-            Letter::Attempt => None,
+            Letter::Attempt | Letter::Queued { .. } => None,
         }
     }
 
@@ -100,8 +139,8 @@ impl<'a> Place<'a> {
         self.entry.end();
         self.shared.refresher.remove(self.entry.id);
         let (shared, kind, keys, member) = (self.shared, self.kind, self.keys, self.member);
-        self.entry = entry(shared, kind, keys, member, sent_at, &self.enrolment)?;
-        Ok(())
+        self.entry = entry(shared, kind, keys, member, sent_at, &self.enrolment);
+        self.renew()
     }
 
     /// The waiter took its hold by an attempt of its own (which took the entry out).
@@ -132,7 +171,9 @@ impl Drop for Place<'_> {
     fn drop(&mut self) {
         // The refresher stops renewing it first: what it finds from now on is no news.
         self.entry.end();
-        self.shared.refresher.remove(self.entry.id);
+        if self.renew_from.is_none() {
+            self.shared.refresher.remove(self.entry.id);
+        }
         if self.served {
             return;
         }
@@ -149,6 +190,7 @@ impl Drop for Place<'_> {
                 lifetime_ms: millis(self.shared.waiter_lifetime),
             }),
             announce: self.shared.announce(),
+            joins: &[],
         };
         let sent_at = Instant::now();
         if let Ok(released) = self.shared.backend.release(&release) {
@@ -166,17 +208,11 @@ fn entry(
     member: &str,
     sent_at: Instant,
     enrolment: &Enrolment<'_>,
-) -> Result<Arc<Held>> {
+) -> Arc<Held> {
     let timing = Timing::new(millis(shared.waiter_lifetime), sent_at);
     let all = entry_keys(&shared.prefix, keys);
     let held = Held::new(kind, all, member.to_owned(), 0..0, Vec::new(), timing);
-    let entry = Arc::new(held.queued(keys.len(), Arc::clone(&enrolment.mailbox)));
-    // Without a refresher thread the entry would lapse: as for a hold, an error.
-    shared
-        .refresher
-        .add(Arc::clone(&entry))
-        .map_err(Error::Refresher)?;
-    Ok(entry)
+    Arc::new(held.queued(keys.len(), Arc::clone(&enrolment.mailbox)))
 }
 
 /// `duration` in whole milliseconds, at least 1.

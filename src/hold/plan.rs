@@ -129,12 +129,14 @@ impl<'a> Plan<'a> {
         place: &Place<'_>,
         fences: Vec<u64>,
         sent_at: Option<Instant>,
+        counted: bool,
     ) -> Taken {
         Taken {
             fences,
             timing: place.claim(self.ttl_ms, sent_at),
             value: None,
             handed: true,
+            counted,
         }
     }
 
@@ -145,6 +147,27 @@ impl<'a> Plan<'a> {
         if !taken.handed || taken.timing.expires_at() > Instant::now() {
             return Ok(Some(taken));
         }
+        let counted = taken.counted;
+        let confirmed = self.refreshed(taken);
+        if !matches!(confirmed, Ok(Some(_))) {
+            self.uncount(counted);
+        }
+        confirmed
+    }
+
+    /// A hold given to this waiter that will not become its `Holding`: when it was
+    /// counted among the locker's locks of its keys, the count ends here, and the threads
+    /// that waited for its release ask for themselves.
+    pub(super) fn uncount(&self, counted: bool) {
+        if counted {
+            for pending in self.shared.subscriber.joins().hold_ending(&self.keys) {
+                pending.joined(None);
+            }
+        }
+    }
+
+    /// [`confirmed`](Self::confirmed)'s refresh of a hold whose claim ran out.
+    fn refreshed(&self, taken: Taken) -> Result<Option<Taken>> {
         let hold = Refresh {
             kind: self.kind,
             entry_of: None,
@@ -182,13 +205,14 @@ impl<'a> Plan<'a> {
             timing,
             value,
             handed,
+            counted,
         } = taken;
         let (kind, ttl_ms, replicas) = (self.kind, self.ttl_ms, self.replicas);
         // A random token of this attempt's own has the same place in the value.
         let value = value.unwrap_or(self.value);
         let held = Held::new(kind, self.keys, value, self.token_at, fences, timing);
         let held = held.named(self.names).replicated(replicas);
-        let holding = Holding::new(Arc::clone(self.shared), held, auto_refresh)?;
+        let holding = Holding::new(Arc::clone(self.shared), held, auto_refresh, counted)?;
         if handed && (!auto_refresh || replicas.is_some()) {
             holding.refresh(Duration::from_millis(ttl_ms))?;
         }
@@ -246,4 +270,6 @@ pub(super) struct Taken {
     pub(super) timing: Timing,
     pub(super) value: Option<String>,
     pub(super) handed: bool,
+    /// Counted among the locker's locks of its keys already (see `wait::Pending`).
+    pub(super) counted: bool,
 }

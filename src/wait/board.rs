@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
+use super::joins::Joins;
 use super::mailbox::{Letter, Mailbox};
 
 /// How often the thread looks up from its connection: to stop, and to drop channels no
@@ -29,6 +30,8 @@ pub(super) struct Board {
     pub(super) listening: AtomicUsize,
     /// How many waiters are registered: while none, releases need not take the mutex.
     pub(super) waiting: AtomicUsize,
+    /// This locker's locks and the entries that join the queue by their release.
+    pub(super) joins: Joins,
 }
 
 #[derive(Default)]
@@ -90,6 +93,15 @@ pub(crate) struct Enrolment<'a> {
 
 impl Drop for Enrolment<'_> {
     fn drop(&mut self) {
+        // A lock handed to a waiter that left without it (the release of its place passes
+        // it on): its count among the locker's locks ends here.
+        if let Some(Letter::Handed { counted: true, .. }) = self.mailbox.take()
+            && let Some(keys) = &self.mailbox.lock_keys
+        {
+            for pending in self.board.joins.hold_ending(keys) {
+                pending.joined(None);
+            }
+        }
         let mut state = self.board.state.lock();
         if let Some(mailboxes) = state.entries.get_mut(&self.value) {
             mailboxes.retain(|mailbox| !Arc::ptr_eq(mailbox, &self.mailbox));
@@ -104,12 +116,18 @@ impl Drop for Enrolment<'_> {
 }
 
 impl Board {
-    /// Registers a queued waiter whose entry holds `value`, with any word that came early.
-    pub(super) fn enrol(&self, value: &str) -> Enrolment<'_> {
-        let mailbox = Arc::new(Mailbox::default());
+    /// Registers a queued waiter whose entry holds `value` (for a lock, on `lock_keys`),
+    /// with any word that came early.
+    #[cfg(test)]
+    pub(super) fn enrol(&self, value: &str, lock_keys: Option<&[String]>) -> Enrolment<'_> {
+        self.enrol_mailbox(value, Arc::new(Mailbox::new(lock_keys)))
+    }
+
+    /// [`enrol`](Self::enrol) with a mailbox of the waiter's already.
+    pub(super) fn enrol_mailbox(&self, value: &str, mailbox: Arc<Mailbox>) -> Enrolment<'_> {
         let mut state = self.state.lock();
         if let Some((letter, _)) = state.early.remove(value) {
-            mailbox.post(letter);
+            mailbox.post(self.counting(&mailbox, letter));
         }
         state
             .entries
@@ -135,7 +153,7 @@ impl Board {
             .get(value)
             .and_then(|mailboxes| mailboxes.first())
         {
-            Some(mailbox) => mailbox.post(letter),
+            Some(mailbox) => mailbox.post(self.counting(mailbox, letter)),
             None => {
                 let now = Instant::now();
                 state
@@ -143,6 +161,30 @@ impl Board {
                     .retain(|_, (_, at)| now.duration_since(*at) < SWEEP);
                 state.early.insert(value.to_owned(), (letter, now));
             }
+        }
+    }
+
+    /// `letter` for `mailbox`: a lock handed to a waiter counts among the locker's locks of
+    /// its keys from now on, before the waiter wakes (a thread asking for them meanwhile
+    /// waits for its release, see `joins.rs`).
+    fn counting(&self, mailbox: &Mailbox, letter: Letter) -> Letter {
+        match (letter, &mailbox.lock_keys) {
+            (
+                Letter::Handed {
+                    fences,
+                    sent_at,
+                    counted: false,
+                },
+                Some(keys),
+            ) => {
+                self.joins.hold_began(keys);
+                Letter::Handed {
+                    fences,
+                    sent_at,
+                    counted: true,
+                }
+            }
+            (letter, _) => letter,
         }
     }
 
@@ -387,9 +429,10 @@ mod tests {
         let handed = Letter::Handed {
             fences: vec![7],
             sent_at: None,
+            counted: false,
         };
         board.deliver("v", handed.clone());
-        let enrolment = board.enrol("v");
+        let enrolment = board.enrol("v", None);
         assert_eq!(enrolment.mailbox.wait_until(Instant::now()), Some(handed));
         drop(enrolment);
         assert!(board.state.lock().entries.is_empty());
@@ -398,7 +441,7 @@ mod tests {
     #[test]
     fn a_resubscribed_own_channel_makes_every_queued_waiter_ask() {
         let board = Board::default();
-        let (a, b) = (board.enrol("a"), board.enrol("b"));
+        let (a, b) = (board.enrol("a", None), board.enrol("b", None));
         board.own_channel_subscribed();
         for enrolment in [&a, &b] {
             assert_eq!(

@@ -15,7 +15,13 @@ pub(crate) enum Letter {
     Handed {
         fences: Vec<u64>,
         sent_at: Option<Instant>,
+        /// Counted among the locker's locks of its keys from delivery on (see
+        /// `joins.rs`): the waiter's hold must end that count.
+        counted: bool,
     },
+    /// A release of this locker, sent at `sent_at`, put the waiter's entry in the queue
+    /// (see `joins.rs`): it waits there now.
+    Queued { sent_at: Instant },
     /// Attempt now: the waiter's keys may be its own already (word may have been lost: a
     /// resubscribed channel, an entry its refresher no longer found), or its other keys
     /// are on another script's side (see `lua/queue/queue.lua`).
@@ -26,14 +32,29 @@ pub(crate) enum Letter {
 pub(crate) struct Mailbox {
     letter: Mutex<Option<Letter>>,
     posted: Condvar,
+    /// For a lock's waiter in the queue: its keys, counted among the locker's locks of
+    /// them once it is handed them (see `joins.rs`).
+    pub(crate) lock_keys: Option<Vec<String>>,
 }
 
 impl Mailbox {
-    /// Leaves `letter` (a hand-over is never replaced by a mere "attempt") and wakes the
-    /// waiter.
+    /// A mailbox for a waiter; for a lock's, with its keys (see `lock_keys`).
+    pub(crate) fn new(lock_keys: Option<&[String]>) -> Mailbox {
+        Mailbox {
+            lock_keys: lock_keys.map(<[String]>::to_vec),
+            ..Mailbox::default()
+        }
+    }
+
+    /// Leaves `letter` and wakes the waiter: a hand-over is never replaced, nor word that
+    /// the entry was queued by a mere "attempt".
     pub(crate) fn post(&self, letter: Letter) {
         let mut slot = self.letter.lock();
-        if !matches!(*slot, Some(Letter::Handed { .. })) {
+        let keep = matches!(
+            (&*slot, &letter),
+            (Some(Letter::Handed { .. }), _) | (Some(Letter::Queued { .. }), Letter::Attempt)
+        );
+        if !keep {
             *slot = Some(letter);
         }
         self.posted.notify_one();
@@ -68,6 +89,7 @@ pub(crate) fn parse(message: &[u8]) -> Option<(String, Letter)> {
     let letter = match head.strip_prefix('h') {
         Some(fences) => Letter::Handed {
             sent_at: None,
+            counted: false,
             fences: fences
                 .split(',')
                 .filter(|fence| !fence.is_empty())
@@ -90,11 +112,13 @@ mod tests {
         let handed = Letter::Handed {
             fences: vec![3, 12],
             sent_at: None,
+            counted: false,
         };
         assert_eq!(parse(b"h3,12:v:x"), Some(("v:x".into(), handed)));
         let plain = Letter::Handed {
             fences: vec![],
             sent_at: None,
+            counted: false,
         };
         assert_eq!(parse(b"h:abc"), Some(("abc".into(), plain)));
         assert_eq!(parse(b"t:abc"), Some(("abc".into(), Letter::Attempt)));
@@ -108,6 +132,7 @@ mod tests {
         let handed = Letter::Handed {
             fences: vec![1],
             sent_at: None,
+            counted: false,
         };
         mailbox.post(handed.clone());
         mailbox.post(Letter::Attempt);

@@ -21,11 +21,13 @@
 //! simply wait out their retry delays and renewals.
 
 mod board;
+mod joins;
 mod mailbox;
 mod subscriber;
 mod ticket;
 
 pub(crate) use board::{Enrolment, Seen};
+pub(crate) use joins::Pending;
 pub(crate) use mailbox::{Letter, Mailbox};
 pub(crate) use subscriber::Subscriber;
 pub(crate) use ticket::{Ticket, Wake};

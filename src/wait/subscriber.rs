@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use super::board::{Board, Enrolment, SWEEP, Seen};
-use super::mailbox::{self, Letter};
+use super::joins::Joins;
+use super::mailbox::{self, Letter, Mailbox};
 use super::ticket::Ticket;
 use crate::backend::{Handed, Pool};
 use crate::hold::random_token;
@@ -68,10 +69,20 @@ impl Subscriber {
         ticket
     }
 
-    /// Registers a queued waiter whose entry holds `value`; starts the thread, which
-    /// listens on the locker's channel, if need be.
-    pub(crate) fn enrol(&self, value: &str) -> Enrolment<'_> {
-        let enrolment = self.board.enrol(value);
+    /// This locker's locks and the entries that join the queue by their release.
+    pub(crate) fn joins(&self) -> &Joins {
+        &self.board.joins
+    }
+
+    /// Registers a queued waiter whose entry holds `value` (for a lock, on `lock_keys`);
+    /// starts the thread, which listens on the locker's channel, if need be.
+    pub(crate) fn enrol(&self, value: &str, lock_keys: Option<&[String]>) -> Enrolment<'_> {
+        self.enrol_mailbox(value, Arc::new(Mailbox::new(lock_keys)))
+    }
+
+    /// [`enrol`](Self::enrol) with a mailbox of the waiter's already.
+    pub(crate) fn enrol_mailbox(&self, value: &str, mailbox: Arc<Mailbox>) -> Enrolment<'_> {
+        let enrolment = self.board.enrol_mailbox(value, mailbox);
         if self.pools.iter().any(Pool::can_dedicate) {
             self.start();
         }
@@ -83,8 +94,14 @@ impl Subscriber {
     pub(crate) fn handed(&self, handed: Vec<Handed>, sent_at: Instant) {
         for Handed { value, fences } in handed {
             let sent_at = Some(sent_at);
-            self.board
-                .deliver(&value, Letter::Handed { fences, sent_at });
+            self.board.deliver(
+                &value,
+                Letter::Handed {
+                    fences,
+                    sent_at,
+                    counted: false,
+                },
+            );
         }
     }
 

@@ -395,10 +395,12 @@ fn a_wait_ends_in_time_when_the_server_freezes_during_a_hand_over() {
         })
     };
     let subscribed = Instant::now();
-    while server.queued("k") == 0 {
+    // Queued, and listening: its attempt after its subscription is confirmed is over.
+    while server.queued("k") == 0 || server.lockers_listening() == 0 {
         assert!(subscribed.elapsed() < LIMIT, "the waiter never waited");
         std::thread::sleep(Duration::from_millis(2));
     }
+    std::thread::sleep(Duration::from_millis(50));
     server.pause();
     let dropped = std::thread::spawn(move || timed(|| drop(holder)).1);
     let (result, took) = waiter.join().unwrap();
@@ -406,7 +408,11 @@ fn a_wait_ends_in_time_when_the_server_freezes_during_a_hand_over() {
     server.resume();
     // The waiter's own timeout ends it; leaving the queue then waits out one I/O timeout
     // at most (the hand-over is the release's, on the server: nothing of it is awaited).
-    assert!(matches!(result, Err(Error::NotObtained)), "{result:?}");
+    // (An attempt of its own in flight as the server froze says so instead.)
+    assert!(
+        matches!(result, Err(Error::NotObtained | Error::Redis(_))),
+        "{result:?}"
+    );
     // Less than half an I/O timeout of slack: one more round trip would show.
     assert!(took < timeout + io + io * 2 / 5, "took {took:?}");
     assert!(drop_took < LIMIT, "the drop is bounded too: {drop_took:?}");

@@ -98,7 +98,7 @@ impl Raw {
     /// server that says.
     pub(crate) fn limit(&mut self, key: &str) -> Option<u32> {
         self.servers.iter_mut().find_map(|con| {
-            // The member '' is scored by minus the limit (lua/semaphore/acquire.lua).
+            // The member '' is scored by minus the limit (lua/queue/acquire.lua).
             let score: Option<f64> = redis::cmd("ZSCORE").arg(key).arg("").query(con).ok()?;
             let limit = -score?;
             (limit >= 1.0 && limit <= f64::from(u32::MAX)).then_some(limit as u32)
