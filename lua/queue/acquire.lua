@@ -50,6 +50,21 @@ if kind ~= 'l' or anyone then
   now = q_now()
 end
 
+-- The usual case of a lock: nobody waits, and the keys are free. MSETNX takes them all at
+-- once (it changes nothing if any key exists: then the checks below, as for any other).
+if kind == 'l' and not anyone and not fencing then
+  local args = {}
+  for i = 1, n do
+    args[2 * i - 1], args[2 * i] = KEYS[i], value
+  end
+  if redis.call('msetnx', unpack(args)) == 1 then
+    for i = 1, n do
+      redis.call('pexpire', KEYS[i], ttl)
+    end
+    return 1
+  end
+end
+
 -- What each key is: another type is never touched; the same owner re-obtains its own.
 local owner = string.sub(value, 1, owner_len)
 local mine = 0
@@ -80,9 +95,11 @@ for i = 1, n do
         return {'wrongtype', key, 'zset, not a semaphore'}
       end
       redis.call('zremrangebyscore', key, 0, now)
-      if redis.call('zcard', key) > 1 and stored ~= limit then
+      local count = redis.call('zcard', key) - 1 -- live holders (the limit is no holder)
+      if count > 0 and stored ~= limit then
         return {'limit', string.format('%.0f', stored)}
       end
+      q_free_found['p' .. key] = count < stored
     elseif marker ~= '-inf' then
       return {'wrongtype', key, 'zset, not a read lock'}
     end

@@ -171,9 +171,11 @@ local function q_ask_first(i, now)
   if not q_waiting[i] then
     return nil
   end
-  local from = 0
+  -- The head alone first (it is almost always the one): the cost of a release does not
+  -- grow with the queue's length.
+  local from, size = 0, 1
   while true do
-    local batch = redis.call('zrange', KEYS[QN + i], from, from + 9)
+    local batch = redis.call('zrange', KEYS[QN + i], from, from + size - 1)
     if #batch == 0 then
       return nil
     end
@@ -186,7 +188,7 @@ local function q_ask_first(i, now)
         return entry
       end
     end
-    from = from + 10
+    from, size = from + size, 10
   end
 end
 

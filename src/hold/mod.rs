@@ -1,7 +1,9 @@
-//! A hold, whatever its kind (a lock, a permit): how it is obtained (the one waiting loop),
-//! its state (keys, value, token, timing, loss), its RAII owner, the owner token stored in
-//! Redis, and the one refresher thread per locker that extends every auto-refreshed hold
-//! in one batch.
+//! A hold, whatever its kind (a lock, a read lock, a permit): how it is obtained (the one
+//! waiting loop, `obtain.rs`, over what is fixed for a wait, `plan.rs`, and the waiter's
+//! place in the server's queue, `place.rs`), its state (keys, value, token, timing,
+//! loss), its RAII owner, the owner token stored in Redis, and the one refresher thread
+//! per locker that extends every auto-refreshed hold and renews every queued waiter's
+//! place in one batch.
 
 mod held;
 mod holding;

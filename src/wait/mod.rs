@@ -7,7 +7,9 @@
 //! hears it from the release's reply instead. Word is never the only way: a waiter's
 //! refresher renews its entry at a third of its lifetime and, finding it gone, has it ask
 //! Redis; and every (re)subscription of the channel has every queued waiter ask, as a
-//! message may have been missed meanwhile.
+//! message may have been missed meanwhile. A thread that asks for keys another thread of
+//! its locker holds leaves its entry with [`Pending`] for that thread's release, which
+//! puts it in the queue in the same script (`joins.rs`).
 //!
 //! Waiters that do not queue (a lock on a quorum, or across cluster slots) listen for
 //! `<prefix>redguard:released:<key>`, which releases there publish for each key they free:
@@ -17,8 +19,8 @@
 //!   itself ends the wait, and the next attempt sees any such release;
 //! - a reconnect counts as a new confirmation, for the same reason.
 //!
-//! Without a thread (it could not start) or a connection (a caller's pool of one), waiters
-//! simply wait out their retry delays and renewals.
+//! Without a connection for the thread (a caller's pool of one), queued waiters learn of
+//! their hand-overs from their renewals, and others wait out their retry delays.
 
 mod board;
 mod joins;
