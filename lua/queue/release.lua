@@ -32,7 +32,8 @@ if kind == 'l' or kind == 'd' then
     names[i] = KEYS[i]
     names[n + i] = with_queue and KEYS[3 * n + i] or nil
   end
-  local values = redis.call('mget', unpack(names))
+  -- Read already by release_alone.lua (which comes first) when it found waiters.
+  local values = alone_read or redis.call('mget', unpack(names))
   local ours = {}
   for i = 1, n do
     if values[i] == value then

@@ -34,6 +34,7 @@ static QUEUE_ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
 });
 static QUEUE_RELEASE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(concat!(
+        include_str!("../../lua/queue/release_alone.lua"),
         include_str!("../../lua/queue/queue.lua"),
         include_str!("../../lua/queue/release.lua")
     ))
