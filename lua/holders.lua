@@ -49,7 +49,7 @@ elseif kind == 'zset' then
     -- Then the locks queued for these readers, in order, each with the time its place has
     -- left (see queue/queue.lua: 'l', then the lengths, then the channel and value).
     for _, entry in ipairs(redis.call('zrange', KEYS[3], 0, -1)) do
-      local chlen, vlen, at = string.match(entry, '^l%d+,%d+,[01],(%d+),(%d+):()')
+      local chlen, vlen, at = string.match(entry, '^l%d+,%d+,[01],%d+,(%d+),(%d+):()')
       local alive = chlen and redis.call('zscore', KEYS[4], entry)
       if alive and tonumber(alive) > now then
         local from = at + tonumber(chlen)

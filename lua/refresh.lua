@@ -72,7 +72,7 @@ local function refresh_permit(holders, value, ttl)
 end
 
 local function refresh_read(first, last, value, ttl)
-  -- Every key must still be shared by us, live on the server's clock (see read/).
+  -- Every key must still be shared by us, live on the server's clock (see queue/queue.lua).
   for j = first, last do
     local ours = redis.pcall('zscore', KEYS[j], '') == '-inf'
     local expiry = ours and redis.call('zscore', KEYS[j], value)
@@ -110,24 +110,32 @@ local function renew_entry(first, count, member, lifetime)
   local head = true
   for j = queues, queues + count - 1 do
     -- Waiters that stopped renewing go first (so a dead one before us costs no more).
-    local dead = redis.pcall('zrangebyscore', KEYS[j + count], '-inf', now)
+    local dead = redis.pcall('zrangebyscore', KEYS[j + count], '-inf', now, 'LIMIT', 0, 1000)
     if type(dead) == 'table' and #dead > 0 and not dead.err then
-      redis.call('zrem', KEYS[j], unpack(dead))
-      redis.call('zrem', KEYS[j + count], unpack(dead))
+      redis.pcall('zrem', KEYS[j], unpack(dead))
+      redis.pcall('zrem', KEYS[j + count], unpack(dead))
+      if redis.call('exists', KEYS[j]) == 0 then
+        redis.call('del', KEYS[j + count], KEYS[j + 2 * count]) -- the queue went with them
+      end
     end
     local place = redis.pcall('zrank', KEYS[j], member)
     if type(place) ~= 'number' then
       return 0
     end
-    head = head and place == 0 and looks_free(KEYS[j - count], member)
+    -- A lock or permit waiter asks whenever its keys look free (they pass from one
+    -- waiter to the next in the release script, so free keys with waiters mean what held
+    -- them expired, or the first waiter is a multi-key one blocked elsewhere); a reader
+    -- only when first (readers queue behind a writer while others read).
+    local first = place == 0 or string.sub(member, 1, 1) ~= 'r'
+    head = head and first and looks_free(KEYS[j - count], member)
   end
   if head then
-    return 0 -- first, and nothing holds the keys: its own attempt takes them
+    return 0 -- its own attempt takes the keys (or serves whoever is first)
   end
   local expiry = string.format('%.0f', now + tonumber(lifetime))
   for j = queues, queues + count - 1 do
     local queue, alive, ticket = KEYS[j], KEYS[j + count], KEYS[j + 2 * count]
-    redis.call('zadd', alive, expiry, member)
+    redis.pcall('zadd', alive, expiry, member)
     if redis.call('pttl', queue) < tonumber(lifetime) then
       -- Twice the lifetime, as queue/queue.lua's q_join sets it.
       redis.call('pexpire', queue, 2 * lifetime)

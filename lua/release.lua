@@ -7,7 +7,7 @@
 -- when the lock was no longer whole: the keys that still held our value are deleted all
 -- the same (keys that expire a moment apart would otherwise keep the rest until their
 -- TTL), others are left. Above that bit: how many listeners the most-heard announcement
--- reached, so that a locker can tell whether others wait.
+-- reached (only a hint; nothing uses it now that one server queues its waiters).
 -- Each key is announced on the channel ARGV[2] .. key once it is free: deleted here, or
 -- already gone (on a quorum, the node a waiter listens on may never have had the lock).
 -- A hint only, so a user without the right to publish still releases (pcall).

@@ -59,7 +59,7 @@ impl Holder {
     /// Whether this is no holder yet but a lock waiting for the readers of the key to
     /// leave: new readers wait behind it. Listed after the readers, in queue order, for as
     /// long as its place lives (its locker's refresher renews it; one whose process died
-    /// is gone within the [waiter lifetime](crate::LockerBuilder::waiter_lifetime), 2 s by
+    /// is gone within the [waiter lifetime](crate::LockerBuilder::waiter_lifetime), 1.5 s by
     /// default). Its `ttl` is what its place has left.
     pub fn waiting(&self) -> bool {
         self.waiting

@@ -14,9 +14,9 @@
 -- slot: the hold is taken as if nobody queued, and its waiters ask at their delays).
 -- Returns 1 when taken now (with fencing: {'fences', token per key}; for a shared hold,
 -- {'read', each counter as it is}), 2 when already held by this owner, re-obtained (with
--- fencing: {'kept', tokens}); {'queued', ms, value, fences, ...} when not (and queued, if
--- it waits): ms until what holds the keys expires should it have died, then each waiter
--- of the caller's own locker this script gave its hold to; {'limit', stored} when a
+-- fencing: {'kept', tokens}); {'queued', ms, wait, fences, ...} when not (and queued, if
+-- it waits): ms until its entry lapses unless renewed, then each waiter of the caller's
+-- own locker this script gave its hold to (its wait number and fences); {'limit', stored} when a
 -- semaphore's live holders use another limit; {'wrongtype', key, type} when a key holds
 -- something else. Nothing else is changed unless the hold is taken (but the expired go,
 -- and waiters that can now be served are).
@@ -202,6 +202,17 @@ local me = {
 local queued = me.member and q_waiting[1] and redis.call('zscore', KEYS[n + 1], member) and true
 if mine == 0 and q_servable(me, now, queued) == true then
   local fences = q_take(me, ttl, now)
+  if kind ~= 'l' then
+    -- A reader or a permit: those first behind it may come in too (readers together, a
+    -- permit while some are free), so they are served now, not at their renewals (told
+    -- by message, the caller's own locker's too: this reply has no room for them).
+    for i = 1, n do
+      if q_waiting[i] then
+        q_serve(now, '', {})
+        break
+      end
+    end
+  end
   if not fencing then
     return 1
   end

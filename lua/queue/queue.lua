@@ -9,9 +9,10 @@
 --      release learns whether anyone waits from the MGET that reads its keys.
 -- Q, A and T live as long as their longest-lived entry, and go with the last one.
 --
--- An entry is '<kind><n>,<ttl>,<fencing>,<channel length>,<value length>:' followed by
--- the waiter's locker channel, its value and, when n > 1, each of its n keys as
--- '<length>:<key>'. kind is 'l' (a lock), 'r' (a shared hold) or 'p' (a permit); ttl in
+-- An entry is '<kind><n>,<ttl>,<fencing>,<wait>,<channel length>,<value length>:'
+-- followed by the waiter's locker channel, its value and, when n > 1, each of its n keys
+-- as '<length>:<key>'; <wait> is a number of the waiter's own, which the word to it names
+-- (two waiters of one fixed token have the same value). kind is 'l' (a lock), 'r' (a shared hold) or 'p' (a permit); ttl in
 -- ms; fencing '1' or '0'. A permit's entry has its semaphore's limit for n ('p8,...'): its
 -- one key is the semaphore. The entry says everything a script needs to give the waiter
 -- its hold and tell it so: the waiter sends nothing more.
@@ -48,8 +49,8 @@ end
 
 -- The entry `member` of the queue of `key`, or nil for one not of ours.
 local function q_parse(member, key)
-  local kind, n, ttl, f, chlen, vlen, at =
-    string.match(member, '^([lrp])(%d+),(%d+),([01]),(%d+),(%d+):()')
+  local kind, n, ttl, f, wait, chlen, vlen, at =
+    string.match(member, '^([lrp])(%d+),(%d+),([01]),(%d+),(%d+),(%d+):()')
   if not kind then
     return nil
   end
@@ -60,6 +61,7 @@ local function q_parse(member, key)
   end
   local entry = {
     limit = limit, member = member, kind = kind, n = n, ttl = tonumber(ttl), fencing = f == '1',
+    wait = wait,
     channel = string.sub(member, at, at + chlen - 1),
     value = string.sub(member, at + chlen, at + chlen + vlen - 1),
     keys = {key},
@@ -84,7 +86,8 @@ local function q_purge(i, now)
     return
   end
   local q, a = KEYS[QN + i], KEYS[2 * QN + i]
-  local dead = redis.call('zrangebyscore', a, '-inf', now)
+  -- At most a thousand at a time (unpack has a limit); the rest go in later scripts.
+  local dead = redis.call('zrangebyscore', a, '-inf', now, 'LIMIT', 0, 1000)
   if #dead > 0 then
     q_changed()
     redis.call('zrem', q, unpack(dead))
@@ -179,16 +182,19 @@ local function q_ask_first(i, now)
     if #batch == 0 then
       return nil
     end
+    local dropped = 0
     for _, member in ipairs(batch) do
       local entry = q_parse(member, KEYS[i])
       if not entry then
-        return nil
-      end
-      if entry.n == 1 or not q_blocked(entry, now) then
+        -- Not an entry this script can read (another version's, or garbage): out.
+        redis.call('zrem', KEYS[QN + i], member)
+        redis.call('zrem', KEYS[2 * QN + i], member)
+        dropped = dropped + 1
+      elseif entry.n == 1 or not q_blocked(entry, now) then
         return entry
       end
     end
-    from, size = from + size, 10
+    from, size = from + size - dropped, 10
   end
 end
 
@@ -277,10 +283,10 @@ local function q_claim(entry, now)
 end
 
 -- Gives the keys to whoever is first and can take them, as often as that changes; tells
--- each waiter served on its locker's channel ('h', its fences, ':', its value), or, when
--- it is this script's caller's own locker (channel `own`), by the reply (`handed`). A
--- waiter first on some of these keys whose other keys are not this script's is told to
--- attempt ('t:' and its value).
+-- each waiter served on its locker's channel ('h', its fences, ':', its wait number), or,
+-- when it is this script's caller's own locker (channel `own`), by the reply (`handed`).
+-- A waiter first on some of these keys whose other keys are not this script's is told to
+-- attempt ('t:' and its wait number).
 local function q_serve(now, own, handed)
   local told, taken = {}, {}
   for _ = 1, 10000 do
@@ -298,15 +304,15 @@ local function q_serve(now, own, handed)
             end
           end
           if first.channel == own then
-            handed[#handed + 1] = first.value
+            handed[#handed + 1] = first.wait
             handed[#handed + 1] = fences
           else
-            redis.pcall('publish', first.channel, 'h' .. fences .. ':' .. first.value)
+            redis.pcall('publish', first.channel, 'h' .. fences .. ':' .. first.wait)
           end
           changed = true
         elseif servable == 'elsewhere' then
           told[first.member] = true
-          redis.pcall('publish', first.channel, 't:' .. first.value)
+          redis.pcall('publish', first.channel, 't:' .. first.wait)
         end
       end
     end

@@ -13,9 +13,9 @@ pub(crate) enum Acquired {
     /// Another owner holds at least one key; nothing was changed.
     HeldElsewhere,
     /// Held (by another owner, readers or every permit), or others wait before us: with
-    /// the queue, our entry has its place now (if we wait). What holds the keys expires
-    /// in `retry_in`, should it have died; `handed` are the waiters of this locker the
-    /// attempt served meanwhile (see `lua/queue/acquire.lua`).
+    /// the queue, our entry has its place now (if we wait), which lapses in `retry_in`
+    /// unless renewed; `handed` are the waiters of this locker the attempt served
+    /// meanwhile (see `lua/queue/acquire.lua`).
     Queued {
         retry_in: Duration,
         handed: Vec<Handed>,
@@ -59,9 +59,10 @@ pub(crate) struct Released {
     pub(crate) handed: Vec<Handed>,
 }
 
-/// A waiter of this locker a script gave its hold to: its value and fencing tokens.
+/// A waiter of this locker a script gave its hold to: its wait number (see
+/// `lua/queue/queue.lua`) and fencing tokens.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Handed {
-    pub(crate) value: String,
+    pub(crate) wait: String,
     pub(crate) fences: Vec<u64>,
 }

@@ -1,5 +1,7 @@
-//! The Lua scripts in `lua/` (locks), `lua/semaphore/` (permits) and `lua/read/` (shared
-//! holds), and typed calls to them.
+//! The Lua scripts in `lua/queue/` (taking and giving up every kind of hold, with the
+//! waiters' queue), `lua/` (refresh, TTL, and a lock on a quorum or across cluster slots),
+//! `lua/semaphore/` and `lua/read/` (the TTL of permits and shared holds), and typed calls
+//! to them.
 //!
 //! Each call is one round trip: EVALSHA, or, when the server answers NOSCRIPT (after a
 //! restart or SCRIPT FLUSH), EVAL with the script's text, which also caches it there.
@@ -146,14 +148,14 @@ pub(crate) fn acquire_call(attempt: &Attempt<'_>) -> Call {
 }
 
 /// A waiter's queue entry (see `lua/queue/queue.lua`): everything a script needs to give
-/// it its hold and tell its locker (on `channel`).
-pub(crate) fn queue_entry(attempt: &Attempt<'_>, channel: &str) -> String {
+/// it its hold and tell its locker (on `channel`) that `wait` was served.
+pub(crate) fn queue_entry(attempt: &Attempt<'_>, channel: &str, wait: &str) -> String {
     let kind = match attempt.kind {
         Kind::Permit { limit } => format!("p{limit}"),
         kind => format!("{}{}", kind_letter(kind), attempt.keys.len()),
     };
     let mut entry = format!(
-        "{kind},{},{},{},{}:{channel}{}",
+        "{kind},{},{},{wait},{},{}:{channel}{}",
         attempt.ttl_ms,
         u8::from(attempt.fencing),
         channel.len(),
@@ -327,7 +329,7 @@ pub(crate) fn parse_handed(items: &[Value]) -> RedisResult<Vec<Handed>> {
                     RedisError::from((ErrorKind::UnexpectedReturnType, "a bad fencing token"))
                 })?;
             Ok(Handed {
-                value: redis::from_redis_value_ref(value)?,
+                wait: redis::from_redis_value_ref(value)?,
                 fences,
             })
         })

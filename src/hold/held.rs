@@ -45,7 +45,7 @@ pub(crate) struct Held {
     lost: AtomicBool,
     /// Set once the refresher has told of the loss (logged it, called `on_lost`).
     told: AtomicBool,
-    /// Set once its owner gives it up (release, hand-over, downgrade), before the script
+    /// Set once its owner gives it up (release, downgrade), before the script
     /// that does it is sent: a refresh that then finds the keys gone found no loss.
     ended: AtomicBool,
     /// Whether a refresh of this hold is in flight. One at a time: of two refreshes on two

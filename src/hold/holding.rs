@@ -169,6 +169,9 @@ impl Holding {
     pub(crate) fn downgrade(mut self) -> Result<Holding> {
         if self.held.is_lost() {
             self.released = true;
+            for pending in self.take_joins() {
+                pending.joined(None); // they ask for themselves
+            }
             return Err(Error::LockLost);
         }
         let held = &self.held;

@@ -239,13 +239,12 @@ impl Plan<'_> {
             Acquired::Partial => true,
             refused => return Err(self.refusal(refused, no_quorum)),
         };
-        if let Some(entry) = entry {
+        if entry.is_some() {
             match &mut waiting.place {
                 Some(place) => place.requeued(sent_at)?,
                 None => {
                     log::debug!("redguard: {:?} of {:?} held: queued", self.kind, self.keys);
-                    let (kind, keys, value) = (self.kind, &self.keys, &self.value);
-                    let place = Place::new(self.shared, kind, keys, value, entry, sent_at, None)?;
+                    let place = Place::new(self.shared, self.waiter(), sent_at, None)?;
                     waiting.place = Some(place);
                 }
             }
@@ -269,7 +268,7 @@ impl Plan<'_> {
             return Ok(Joined::Ask);
         }
         // Word of a hand-over that came before this waits for it (see `Board::deliver`).
-        let enrolment = subscriber.enrol_mailbox(&self.value, mailbox);
+        let enrolment = subscriber.enrol_mailbox(&self.wait, mailbox);
         let mut until = later(deferred_at, JOIN_WAIT);
         let mut in_flight = false;
         if let Some(deadline) = self.deadline {
@@ -279,11 +278,13 @@ impl Plan<'_> {
             match enrolment.mailbox.wait_until(until) {
                 Some(Letter::Handed {
                     fences,
-                    sent_at,
+                    sent_at: _,
                     counted,
                 }) => {
-                    // Given what its new place had: the lifetime, at most the TTL.
-                    let from = sent_at.unwrap_or(deferred_at);
+                    // Given what its new place had: the lifetime from when the release that
+                    // queued it ran (after `deferred_at`; this word may be a later one's),
+                    // at most the TTL.
+                    let from = deferred_at;
                     let claim = millis(self.shared.waiter_lifetime).min(self.ttl_ms);
                     let timing = Timing::claimed(self.ttl_ms, from, claim);
                     let (value, handed) = (None, true);
@@ -296,11 +297,8 @@ impl Plan<'_> {
                     }));
                 }
                 Some(Letter::Queued { sent_at }) => {
-                    let (kind, keys, value) = (self.kind, &self.keys, &self.value);
-                    let member = self.member.as_str();
                     let enrolment = Some(enrolment);
-                    let place =
-                        Place::new(self.shared, kind, keys, value, member, sent_at, enrolment)?;
+                    let place = Place::new(self.shared, self.waiter(), sent_at, enrolment)?;
                     return Ok(Joined::Queued(place));
                 }
                 letter @ (Some(Letter::Attempt) | None) => {
@@ -315,6 +313,9 @@ impl Plan<'_> {
                     // attempt finds its place, or the keys its own).
                     in_flight = true;
                     until = later(Instant::now(), RELEASE_IN_FLIGHT);
+                    if let Some(deadline) = self.deadline {
+                        until = until.min(deadline.max(Instant::now()));
+                    }
                 }
             }
         }

@@ -12,6 +12,16 @@ use crate::shared::Shared;
 use crate::wait::{Enrolment, Letter};
 use crate::{Error, Result};
 
+/// Who waits: its kind, keys and value, its entry in the queue, and the number that names
+/// its wait in the word to it.
+pub(crate) struct Waiter<'a> {
+    pub(crate) kind: Kind,
+    pub(crate) keys: &'a [String],
+    pub(crate) value: &'a str,
+    pub(crate) member: &'a str,
+    pub(crate) wait: &'a str,
+}
+
 /// What a queued waiter heard.
 pub(crate) enum Word {
     /// A script gave it its hold, with these fencing tokens (the script sent at that
@@ -49,15 +59,19 @@ impl<'a> Place<'a> {
     /// is `member`, on `keys`.
     pub(crate) fn new(
         shared: &'a Shared,
-        kind: Kind,
-        keys: &'a [String],
-        value: &'a str,
-        member: &'a str,
+        waiter: Waiter<'a>,
         sent_at: Instant,
         enrolment: Option<Enrolment<'a>>,
     ) -> Result<Place<'a>> {
+        let Waiter {
+            kind,
+            keys,
+            value,
+            member,
+            wait,
+        } = waiter;
         let lock_keys = (kind == Kind::Lock).then_some(keys);
-        let enrolment = enrolment.unwrap_or_else(|| shared.subscriber.enrol(value, lock_keys));
+        let enrolment = enrolment.unwrap_or_else(|| shared.subscriber.enrol(wait, lock_keys));
         let entry = entry(shared, kind, keys, member, sent_at, &enrolment);
         Ok(Place {
             shared,

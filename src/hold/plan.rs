@@ -3,9 +3,10 @@
 //! gets becomes a [`Holding`].
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use super::place::{Place, millis};
+use super::place::{Place, Waiter, millis};
 use super::{Held, Holding, Kind, Timing, owner_part, random_token};
 use crate::backend::{Acquired, Attempt, Queue, Refresh, Refreshed, Replicas};
 use crate::options::{checked_token, checked_ttl};
@@ -43,6 +44,8 @@ pub(super) struct Plan<'a> {
     pub(super) waits: bool,
     /// The waiter's queue entry (see `scripts::queue_entry`).
     pub(super) member: String,
+    /// The number in it that names this wait in the word to it.
+    pub(super) wait: String,
 }
 
 impl<'a> Plan<'a> {
@@ -89,12 +92,29 @@ impl<'a> Plan<'a> {
             deadline: options.timeout.and_then(|t| started.checked_add(t)),
             waits: options.retry.waits() && options.timeout.is_none_or(|t| !t.is_zero()),
             member: String::new(),
+            wait: String::new(),
         };
         if plan.queued && plan.waits {
+            // Unique among this process's waits: word to a waiter names it (two waiters of
+            // one fixed token have the same value).
+            static NEXT_WAIT: AtomicU64 = AtomicU64::new(1);
+            plan.wait = NEXT_WAIT.fetch_add(1, Ordering::Relaxed).to_string();
+            let channel = shared.subscriber.channel();
             plan.member =
-                crate::backend::queue_entry(&plan.attempt(None, None), shared.subscriber.channel());
+                crate::backend::queue_entry(&plan.attempt(None, None), channel, &plan.wait);
         }
         Ok(plan)
+    }
+
+    /// Who waits, for its place in the queue.
+    pub(super) fn waiter(&self) -> Waiter<'_> {
+        Waiter {
+            kind: self.kind,
+            keys: &self.keys,
+            value: &self.value,
+            member: &self.member,
+            wait: &self.wait,
+        }
     }
 
     /// The request of one attempt, with `value` (else the plan's) and, with the queue,

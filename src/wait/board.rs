@@ -93,15 +93,6 @@ pub(crate) struct Enrolment<'a> {
 
 impl Drop for Enrolment<'_> {
     fn drop(&mut self) {
-        // A lock handed to a waiter that left without it (the release of its place passes
-        // it on): its count among the locker's locks ends here.
-        if let Some(Letter::Handed { counted: true, .. }) = self.mailbox.take()
-            && let Some(keys) = &self.mailbox.lock_keys
-        {
-            for pending in self.board.joins.hold_ending(keys) {
-                pending.joined(None);
-            }
-        }
         let mut state = self.board.state.lock();
         if let Some(mailboxes) = state.entries.get_mut(&self.value) {
             mailboxes.retain(|mailbox| !Arc::ptr_eq(mailbox, &self.mailbox));
@@ -110,6 +101,16 @@ impl Drop for Enrolment<'_> {
             }
         }
         drop(state);
+        // Nothing is delivered here any more. A lock handed to a waiter that left without
+        // it (the release of its place passes it on): its count among the locker's locks
+        // ends here.
+        if let Some(Letter::Handed { counted: true, .. }) = self.mailbox.take()
+            && let Some(keys) = &self.mailbox.lock_keys
+        {
+            for pending in self.board.joins.hold_ending(keys) {
+                pending.joined(None);
+            }
+        }
         self.board.waiting.fetch_sub(1, Ordering::SeqCst);
         crate::stats::waiting(false);
     }

@@ -92,10 +92,10 @@ impl Subscriber {
     /// Waiters of this locker that a script sent at `sent_at` gave their holds to (its
     /// reply said so: no message was sent).
     pub(crate) fn handed(&self, handed: Vec<Handed>, sent_at: Instant) {
-        for Handed { value, fences } in handed {
+        for Handed { wait, fences } in handed {
             let sent_at = Some(sent_at);
             self.board.deliver(
-                &value,
+                &wait,
                 Letter::Handed {
                     fences,
                     sent_at,

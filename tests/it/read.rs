@@ -171,7 +171,7 @@ fn a_dead_reader_and_a_dead_writers_intent_stop_blocking_once_their_ttl_passes()
     let _reader = locker.read(&["j"]).unwrap();
     let time: Vec<u64> = server.query(&["TIME"]);
     let expiry = (time[0] * 1000 + time[1] / 1000 + 500).to_string();
-    let entry = "l1,30000,0,4,11:deaddead-writer";
+    let entry = "l1,30000,0,7,4,11:deaddead-writer";
     server.query::<u32>(&["ZADD", &crate::server::queue_of("j"), "1", entry]);
     server.query::<u32>(&["ZADD", "redguard:alive:{j}", &expiry, entry]);
     server.query::<String>(&["SET", "redguard:ticket:{j}", "1"]);

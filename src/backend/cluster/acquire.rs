@@ -49,7 +49,7 @@ impl ClusterPool {
                         .into_iter()
                         .chain(reply_lost.then_some(keys.as_slice()))
                     {
-                        // Announced: a reader may have seen the key taken, and waits.
+                        // Served: a waiter may have queued behind what this took.
                         let part = Attempt { keys, ..*attempt };
                         let _ = self.run(|con| scripts::release(con, &part.take_back()));
                     }
