@@ -169,8 +169,9 @@
 //!   `redguard_wait_seconds{kind}` and `redguard_hold_seconds{kind}` (histograms),
 //!   `redguard_lost_total{kind}`, `redguard_refreshes_total{result}` (`held`, `lost`,
 //!   `unknown`, one per hold refreshed), `redguard_refresh_round_trip_seconds`,
-//!   `redguard_holds` and `redguard_waiting` (gauges: holds alive, threads waiting in
-//!   line), `redguard_wakeups_total{source}` (`release`, `handover`, `turn`, `timeout`).
+//!   `redguard_holds` and `redguard_waiting` (gauges: holds alive, threads waiting),
+//!   `redguard_wakeups_total{source}` (`handover`: given the hold by a release; `turn`:
+//!   told to ask; `release`: a release heard, without the queue; `timeout`).
 //! - `tls`: `rediss://` URLs, through rustls with ring (no OpenSSL); see
 //!   [security](guide::security). rustls needs a process-wide crypto provider, which
 //!   redis-rs takes as it finds it: when a locker for `rediss://` servers is built and none

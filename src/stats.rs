@@ -11,7 +11,7 @@
 //! | `redguard_refreshes_total` | counter | `result` (held, lost, unknown): one per hold refreshed |
 //! | `redguard_refresh_round_trip_seconds` | histogram | one per refresh round trip |
 //! | `redguard_holds` | gauge | holds (guards, read guards, permits) alive |
-//! | `redguard_waiting` | gauge | threads waiting in line |
+//! | `redguard_waiting` | gauge | threads waiting (in a queue, or for a release) |
 //! | `redguard_wakeups_total` | counter | `source` (release, handover, turn, timeout) |
 
 use std::time::{Duration, Instant};
@@ -87,7 +87,7 @@ pub(crate) fn refreshed(held: u64, lost: u64, unknown: u64, round_trip: Duration
     let _ = (held, lost, unknown, round_trip);
 }
 
-/// A thread got in line (`true`) or left it.
+/// A thread began to wait (`true`) or stopped.
 pub(crate) fn waiting(joined: bool) {
     #[cfg(feature = "metrics")]
     {

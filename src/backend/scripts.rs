@@ -409,7 +409,7 @@ pub(crate) fn parse_ttl(reply: Value) -> RedisResult<Option<Duration>> {
 }
 
 /// Turns the lock `release.value` holds on its keys into a shared hold with `ttl_ms`, in
-/// one step, letting in the readers first in line; not `held` when some key no longer
+/// one step, letting in the readers first in the queue; not `held` when some key no longer
 /// held the lock (nothing changed then).
 pub(crate) fn downgrade(
     con: &mut dyn ConnectionLike,

@@ -196,7 +196,7 @@ impl Holding {
             held.mark_lost();
             return Err(Error::LockLost);
         }
-        // Readers first in line came in with it.
+        // Readers first in the queue came in with it.
         self.shared.subscriber.handed(downgraded.handed, sent_at);
         let shared_hold = held.converted(Kind::Read, Timing::new(ttl_ms, sent_at));
         Holding::new(
