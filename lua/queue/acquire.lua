@@ -38,7 +38,7 @@ end
 if redis.replicate_commands and not redis.REDIS_VERSION_NUM then
   redis.replicate_commands()
 end
-q_setup(n, not with_queue and {} or nil)
+q_setup(n, not with_queue and {} or alone_tickets)
 -- The server's clock, asked only where something expires by it (not for a lock on free
 -- keys nobody waits for).
 local now = 0
@@ -50,20 +50,8 @@ if kind ~= 'l' or anyone then
   now = q_now()
 end
 
--- The usual case of a lock: nobody waits, and the keys are free. MSETNX takes them all at
--- once (it changes nothing if any key exists: then the checks below, as for any other).
-if kind == 'l' and not anyone and not fencing then
-  local args = {}
-  for i = 1, n do
-    args[2 * i - 1], args[2 * i] = KEYS[i], value
-  end
-  if redis.call('msetnx', unpack(args)) == 1 then
-    for i = 1, n do
-      redis.call('pexpire', KEYS[i], ttl)
-    end
-    return 1
-  end
-end
+-- (A lock on free keys nobody waits for was taken by acquire_alone.lua, which comes
+-- first: this is every other case.)
 
 -- What each key is: another type is never touched; the same owner re-obtains its own.
 local owner = string.sub(value, 1, owner_len)

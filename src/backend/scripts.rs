@@ -30,6 +30,7 @@ static READ_TTL: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../../l
 /// With the queue: the queue's functions, then the script's own text.
 static QUEUE_ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(concat!(
+        include_str!("../../lua/queue/acquire_alone.lua"),
         include_str!("../../lua/queue/queue.lua"),
         include_str!("../../lua/queue/acquire.lua")
     ))
