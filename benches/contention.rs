@@ -9,7 +9,6 @@
 //! Round trips are counted by the server (INFO commandstats: the SET, EVALSHA and EVAL
 //! calls clients made; the lock scripts call none of these themselves).
 
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Barrier, Mutex};
 use std::thread;
@@ -195,22 +194,7 @@ fn with_outsider(server: &RedisServer, locker: &Locker, outsider: &Locker, span:
 
 /// Puts this process (every thread) and the server on CPU 0, or back on every CPU.
 fn pin(server: &RedisServer, pinned: bool) {
-    let cpus = if pinned {
-        "0".to_string()
-    } else {
-        format!(
-            "0-{}",
-            thread::available_parallelism().map_or(1, |n| n.get()) - 1
-        )
-    };
-    for pid in [std::process::id(), server.pid()] {
-        let status = Command::new("taskset")
-            .args(["-a", "-cp", &cpus, &pid.to_string()])
-            .stdout(std::process::Stdio::null())
-            .status()
-            .expect("taskset (util-linux) pins the processes");
-        assert!(status.success(), "taskset failed");
-    }
+    server::pin(&[server.pid()], pinned);
 }
 
 fn median_by(mut runs: Vec<Run>) -> Run {

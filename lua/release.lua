@@ -3,11 +3,10 @@
 -- ARGV[1]: our value (owner .. metadata); ARGV[2]: where release channels start (the
 -- locker's prefix, then 'redguard:released:'), or '' to announce nothing (a quorum
 -- attempt that fell short and takes back what it took: nobody waits for that).
--- Returns, in its lowest bit, 1 when every key held our value (all are deleted now), 0
+-- Returns 1 when every key held our value (all are deleted now), 0
 -- when the lock was no longer whole: the keys that still held our value are deleted all
 -- the same (keys that expire a moment apart would otherwise keep the rest until their
--- TTL), others are left. Above that bit: how many listeners the most-heard announcement
--- reached (only a hint; nothing uses it now that one server queues its waiters).
+-- TTL), others are left.
 -- Each key is announced on the channel ARGV[2] .. key once it is free: deleted here, or
 -- already gone (on a quorum, the node a waiter listens on may never have had the lock).
 -- A hint only, so a user without the right to publish still releases (pcall).
@@ -25,13 +24,9 @@ end
 if #ours > 0 then
   redis.call('del', unpack(ours))
 end
-local listeners = 0
 if ARGV[2] ~= '' then
   for _, key in ipairs(free) do
-    local heard = redis.pcall('publish', ARGV[2] .. key, '')
-    if type(heard) == 'number' and heard > listeners then
-      listeners = heard
-    end
+    redis.pcall('publish', ARGV[2] .. key, '')
   end
 end
-return (#ours == #KEYS and 1 or 0) + 2 * listeners
+return #ours == #KEYS and 1 or 0

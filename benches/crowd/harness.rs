@@ -2,7 +2,6 @@
 //! the run that sets them off together, the server's counters, the floor, and pinning.
 
 use std::any::Any;
-use std::process::Command;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Barrier, Mutex};
 use std::thread;
@@ -370,24 +369,7 @@ pub fn contend(
     run
 }
 
-/// Puts this process (every thread) and the processes `pids` (the server, children) on
-/// CPU 0, or back on every CPU. Children started later inherit this process's.
-pub fn pin(pids: &[u32], pinned: bool) {
-    let cpus = if pinned {
-        "0".to_string()
-    } else {
-        let n = thread::available_parallelism().map_or(1, |n| n.get());
-        format!("0-{}", n - 1)
-    };
-    for pid in std::iter::once(std::process::id()).chain(pids.iter().copied()) {
-        let status = Command::new("taskset")
-            .args(["-a", "-cp", &cpus, &pid.to_string()])
-            .stdout(std::process::Stdio::null())
-            .status()
-            .expect("taskset (util-linux) pins the processes");
-        assert!(status.success(), "taskset failed");
-    }
-}
+pub use crate::server::pin;
 
 /// "pinned (one CPU)" or "unpinned".
 pub fn place(pinned: bool) -> &'static str {

@@ -14,9 +14,9 @@
 -- slot: the hold is taken as if nobody queued, and its waiters ask at their delays).
 -- Returns 1 when taken now (with fencing: {'fences', token per key}; for a shared hold,
 -- {'read', each counter as it is}), 2 when already held by this owner, re-obtained (with
--- fencing: {'kept', tokens}); {'queued', ms, wait, fences, ...} when not (and queued, if
--- it waits): ms until its entry lapses unless renewed, then each waiter of the caller's
--- own locker this script gave its hold to (its wait number and fences); {'limit', stored} when a
+-- fencing: {'kept', tokens}); {'queued', wait, fences, ...} when not (and queued, if
+-- it waits), with each waiter of the caller's own locker this script gave its hold to
+-- (its wait number and fences); {'limit', stored} when a
 -- semaphore's live holders use another limit; {'wrongtype', key, type} when a key holds
 -- something else. Nothing else is changed unless the hold is taken (but the expired go,
 -- and waiters that can now be served are).
@@ -223,10 +223,7 @@ end
 if me.member then
   q_join(member, now, lifetime, queued)
 end
--- No timer is needed for what holds the keys to expire: the first waiter's renewal finds
--- them free then, and has it ask (see ../refresh.lua).
-local hint = lifetime
-local reply = {'queued', math.max(1, hint)}
+local reply = {'queued'}
 for _, item in ipairs(handed) do
   reply[#reply + 1] = item
 end

@@ -1,7 +1,7 @@
 //! What the backends answer, whichever one asked Redis: the types the dispatcher
 //! ([`Backend`](super::Backend)) and each backend share, so that none imports another.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// What one acquisition attempt found.
 #[derive(Debug, PartialEq, Eq)]
@@ -13,13 +13,9 @@ pub(crate) enum Acquired {
     /// Another owner holds at least one key; nothing was changed.
     HeldElsewhere,
     /// Held (by another owner, readers or every permit), or others wait before us: with
-    /// the queue, our entry has its place now (if we wait), which lapses in `retry_in`
-    /// unless renewed; `handed` are the waiters of this locker the attempt served
-    /// meanwhile (see `lua/queue/acquire.lua`).
-    Queued {
-        retry_in: Duration,
-        handed: Vec<Handed>,
-    },
+    /// the queue, our entry has its place now (if we wait); `handed` are the waiters of
+    /// this locker the attempt served meanwhile (see `lua/queue/acquire.lua`).
+    Queued { handed: Vec<Handed> },
     /// On a quorum: some nodes were free but not a majority (a release still on its way
     /// to the others, another owner taking them at the same time, or a node that lost its
     /// keys); what was taken has been taken back.

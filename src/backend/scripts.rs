@@ -43,6 +43,16 @@ static QUEUE_RELEASE: LazyLock<Lua> = LazyLock::new(|| {
     ))
 });
 
+/// A queue script's keys: the hold's `keys`, then, `with_queue`, their queues, expiries,
+/// tickets and fencing counters (see `lua/queue/queue.lua`).
+fn with_queue_keys(keys: &[String], prefix: &str, with_queue: bool) -> Vec<String> {
+    let mut all = keys.to_vec();
+    if with_queue {
+        all.extend(queue_keys(prefix, keys));
+    }
+    all
+}
+
 /// A kind's letter in the queue's scripts (see `lua/queue/queue.lua`).
 fn kind_letter(kind: Kind) -> &'static str {
     match kind {
@@ -117,16 +127,8 @@ pub(crate) fn acquire_call(attempt: &Attempt<'_>) -> Call {
     };
     // A permit or shared hold without the queue: on a cluster, a name whose queue would
     // be in another slot (see `Backend::queues`).
-    let companions = match queue {
-        Some(_) => queue_keys(attempt.prefix, attempt.keys),
-        None => Vec::new(),
-    };
-    let keys: Vec<&str> = attempt
-        .keys
-        .iter()
-        .chain(&companions)
-        .map(String::as_str)
-        .collect();
+    let all = with_queue_keys(attempt.keys, attempt.prefix, queue.is_some());
+    let keys: Vec<&str> = all.iter().map(String::as_str).collect();
     let limit = match attempt.kind {
         Kind::Permit { limit } => limit.to_string(),
         Kind::Lock | Kind::Read => String::new(),
@@ -205,8 +207,7 @@ pub(crate) fn parse_acquired(reply: Value) -> RedisResult<Acquired> {
                     .collect::<RedisResult<_>>()?,
                 fresh: true,
             },
-            [Value::BulkString(tag), ms, handed @ ..] if tag == b"queued" => Acquired::Queued {
-                retry_in: Duration::from_millis(redis::from_redis_value_ref(ms)?),
+            [Value::BulkString(tag), handed @ ..] if tag == b"queued" => Acquired::Queued {
                 handed: parse_handed(handed)?,
             },
             [Value::BulkString(tag), limit] if tag == b"limit" => Acquired::OtherLimit {
@@ -292,7 +293,7 @@ pub(crate) fn release(
 pub(crate) fn parse_released(reply: Value) -> RedisResult<Released> {
     if let Value::Int(n) = reply {
         return Ok(Released {
-            held: n & 1 == 1,
+            held: n == 1,
             handed: Vec::new(),
         });
     }
@@ -347,16 +348,8 @@ pub(crate) fn release_call(release: &Release<'_>, downgrade_ms: Option<u64>) -> 
         }
         queue => queue,
     };
-    let companions = match queue {
-        Some(_) => queue_keys(release.prefix, release.keys),
-        None => Vec::new(),
-    };
-    let keys: Vec<&str> = release
-        .keys
-        .iter()
-        .chain(&companions)
-        .map(String::as_str)
-        .collect();
+    let all = with_queue_keys(release.keys, release.prefix, queue.is_some());
+    let keys: Vec<&str> = all.iter().map(String::as_str).collect();
     let ttl = downgrade_ms.map(|ms| ms.to_string()).unwrap_or_default();
     let kind = if downgrade_ms.is_some() {
         "d"

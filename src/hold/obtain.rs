@@ -231,7 +231,7 @@ impl Plan<'_> {
             }
             // No timer for what holds the keys to die: the waiter's renewals find them
             // free then (see `lua/refresh.lua`), and have it ask.
-            Acquired::Queued { handed, .. } => {
+            Acquired::Queued { handed } => {
                 self.shared.subscriber.handed(handed, sent_at);
                 false
             }

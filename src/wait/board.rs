@@ -1,11 +1,11 @@
 //! What the subscriber thread and the waiters share: the queued waiters' mailboxes, and,
 //! for waiters that do not queue (a quorum, a lock across cluster slots), the keys
-//! watched, the releases and subscriptions heard, and each such waiter's ticket. (Over
-//! 450 lines: a third of it is the unit tests of the missed-word rules, beside them.)
+//! watched, the releases and subscriptions heard, and each such waiter's ticket. How a
+//! queued waiter enrols and hears its word is in `enrolment.rs`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
@@ -39,10 +39,10 @@ pub(super) struct Board {
 pub(super) struct State {
     keys: HashMap<String, Watch>,
     /// The queued waiters of this locker, by value: where the scripts' word reaches them.
-    entries: HashMap<String, Vec<Arc<Mailbox>>>,
+    pub(super) entries: HashMap<String, Vec<Arc<Mailbox>>>,
     /// Word for values not registered yet (the reply that queued the waiter may come after
     /// the message that served it), with when it came; dropped after a [`SWEEP`].
-    early: HashMap<String, (Letter, Instant)>,
+    pub(super) early: HashMap<String, (Letter, Instant)>,
     /// Counts every release heard and subscription confirmed, whatever the key: each
     /// such event is stamped with the next number, so stamps only grow, even for a key
     /// whose watch was swept and made anew (counting per watch would start again at zero
@@ -85,121 +85,8 @@ pub(crate) struct Seen {
     pub(super) all_subscribed: bool,
 }
 
-/// A queued waiter's registration: where its word arrives; given up on drop.
-pub(crate) struct Enrolment<'a> {
-    board: &'a Board,
-    value: String,
-    pub(crate) mailbox: Arc<Mailbox>,
-}
-
-impl Drop for Enrolment<'_> {
-    fn drop(&mut self) {
-        let mut state = self.board.state.lock();
-        if let Some(mailboxes) = state.entries.get_mut(&self.value) {
-            mailboxes.retain(|mailbox| !Arc::ptr_eq(mailbox, &self.mailbox));
-            if mailboxes.is_empty() {
-                state.entries.remove(&self.value);
-            }
-        }
-        drop(state);
-        // Nothing is delivered here any more. A lock handed to a waiter that left without
-        // it (the release of its place passes it on): its count among the locker's locks
-        // ends here.
-        if let Some(Letter::Handed { counted: true, .. }) = self.mailbox.take()
-            && let Some(keys) = &self.mailbox.lock_keys
-        {
-            for pending in self.board.joins.hold_ending(keys) {
-                pending.joined(None);
-            }
-        }
-        self.board.waiting.fetch_sub(1, Ordering::SeqCst);
-        crate::stats::waiting(false);
-    }
-}
-
 impl Board {
     /// Registers a queued waiter whose entry holds `value` (for a lock, on `lock_keys`),
-    /// with any word that came early.
-    #[cfg(test)]
-    pub(super) fn enrol(&self, value: &str, lock_keys: Option<&[String]>) -> Enrolment<'_> {
-        self.enrol_mailbox(value, Arc::new(Mailbox::new(lock_keys)))
-    }
-
-    /// [`enrol`](Self::enrol) with a mailbox of the waiter's already.
-    pub(super) fn enrol_mailbox(&self, value: &str, mailbox: Arc<Mailbox>) -> Enrolment<'_> {
-        let mut state = self.state.lock();
-        if let Some((letter, _)) = state.early.remove(value) {
-            mailbox.post(self.counting(&mailbox, letter));
-        }
-        state
-            .entries
-            .entry(value.to_owned())
-            .or_default()
-            .push(Arc::clone(&mailbox));
-        drop(state);
-        self.waiting.fetch_add(1, Ordering::SeqCst);
-        crate::stats::waiting(true);
-        Enrolment {
-            board: self,
-            value: value.to_owned(),
-            mailbox,
-        }
-    }
-
-    /// Word for the waiter whose entry holds `value`: to its mailbox, or kept a while for
-    /// it (its enrolment may be on its way).
-    pub(super) fn deliver(&self, value: &str, letter: Letter) {
-        let mut state = self.state.lock();
-        match state
-            .entries
-            .get(value)
-            .and_then(|mailboxes| mailboxes.first())
-        {
-            Some(mailbox) => mailbox.post(self.counting(mailbox, letter)),
-            None => {
-                let now = Instant::now();
-                state
-                    .early
-                    .retain(|_, (_, at)| now.duration_since(*at) < SWEEP);
-                state.early.insert(value.to_owned(), (letter, now));
-            }
-        }
-    }
-
-    /// `letter` for `mailbox`: a lock handed to a waiter counts among the locker's locks of
-    /// its keys from now on, before the waiter wakes (a thread asking for them meanwhile
-    /// waits for its release, see `joins.rs`).
-    fn counting(&self, mailbox: &Mailbox, letter: Letter) -> Letter {
-        match (letter, &mailbox.lock_keys) {
-            (
-                Letter::Handed {
-                    fences,
-                    sent_at,
-                    counted: false,
-                },
-                Some(keys),
-            ) => {
-                self.joins.hold_began(keys);
-                Letter::Handed {
-                    fences,
-                    sent_at,
-                    counted: true,
-                }
-            }
-            (letter, _) => letter,
-        }
-    }
-
-    /// The locker's own channel was (re)subscribed: word sent before may have been missed,
-    /// so every queued waiter asks for itself.
-    pub(super) fn own_channel_subscribed(&self) {
-        for mailboxes in self.state.lock().entries.values() {
-            for mailbox in mailboxes {
-                mailbox.post(Letter::Attempt);
-            }
-        }
-    }
-
     /// Whether some waiter that does not queue is registered for `key`.
     #[cfg(test)]
     pub(super) fn is_watched(&self, key: &str) -> bool {

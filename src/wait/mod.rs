@@ -23,12 +23,14 @@
 //! their hand-overs from their renewals, and others wait out their retry delays.
 
 mod board;
+mod enrolment;
 mod joins;
 mod mailbox;
 mod subscriber;
 mod ticket;
 
-pub(crate) use board::{Enrolment, Seen};
+pub(crate) use board::Seen;
+pub(crate) use enrolment::Enrolment;
 pub(crate) use joins::Pending;
 pub(crate) use mailbox::{Letter, Mailbox};
 pub(crate) use subscriber::Subscriber;

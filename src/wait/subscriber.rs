@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::board::{Board, Enrolment, SWEEP, Seen};
+use super::board::{Board, SWEEP, Seen};
+use super::enrolment::Enrolment;
 use super::joins::Joins;
 use super::mailbox::{self, Letter, Mailbox};
 use super::ticket::Ticket;

@@ -210,18 +210,7 @@ fn deafen(server: &RedisServer) {
 #[test]
 fn a_waiter_whose_announcement_is_lost_is_served_by_its_renewal() {
     let server = RedisServer::start();
-    server.query::<()>(&[
-        "ACL",
-        "SETUSER",
-        "w",
-        "on",
-        ">pw",
-        "~*",
-        "+@all",
-        "allchannels",
-    ]);
-    let url = server.url().replace("redis://", "redis://w:pw@");
-    let deaf = Locker::builder().pool_size(2).build(url).unwrap();
+    let deaf = deaf_to_be(&server);
     let holder = locker(&server).lock(&["k"]).unwrap();
     let live = waiter(deaf, "live");
     eventually(Duration::from_secs(5), "queued and listening", || {

@@ -173,3 +173,23 @@ impl RedisServer {
         keys
     }
 }
+
+/// For the benches: puts this process (every thread) and `pids` on CPU 0, or back on every
+/// CPU.
+#[allow(dead_code)]
+pub fn pin(pids: &[u32], pinned: bool) {
+    let cpus = if pinned {
+        "0".to_string()
+    } else {
+        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+        format!("0-{}", n - 1)
+    };
+    for pid in std::iter::once(std::process::id()).chain(pids.iter().copied()) {
+        let status = std::process::Command::new("taskset")
+            .args(["-a", "-cp", &cpus, &pid.to_string()])
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("taskset (util-linux) pins the processes");
+        assert!(status.success(), "taskset failed");
+    }
+}
