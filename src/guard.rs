@@ -52,6 +52,33 @@ impl LockGuard {
         self.holding.held().fences.first().copied()
     }
 
+    /// Writes `value` at `key` (a plain string other clients can GET; after the locker's
+    /// prefix) unless a larger fencing token than this lock's [`fence`](Self::fence) has
+    /// written it: `Ok(false)` then, and nothing is changed. The largest token that wrote
+    /// `key` is kept beside it (`redguard:fenced:{<key>}`, in its Cluster slot, no TTL).
+    /// It checks only the tokens, not the lease: a holder that stalled past its TTL still
+    /// writes while no later holder has, which is what fencing allows.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), redguard::Error> {
+    /// let locker = redguard::Locker::connect("redis://127.0.0.1/")?;
+    /// let options = redguard::LockOptions::default().fencing(true);
+    /// let guard = locker.lock_with(&["invoice:7"], options)?;
+    /// if !guard.fenced_set("invoice:7:total", "42.00")? {
+    ///     println!("a later holder wrote it: this one is stale");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`](crate::Error::InvalidInput) for a lock taken without
+    /// fencing, or an empty key; [`Error::WrongType`](crate::Error::WrongType) when `key`
+    /// holds another type (it is left untouched); [`Error::Redis`](crate::Error::Redis) or
+    /// [`Error::Pool`](crate::Error::Pool) when Redis cannot be asked.
+    pub fn fenced_set(&self, key: &str, value: &str) -> Result<bool> {
+        self.holding.fenced_set(key, value)
+    }
+
     /// The metadata stored after the token (empty unless set in
     /// [`LockOptions::metadata`](crate::LockOptions::metadata)).
     pub fn metadata(&self) -> &str {

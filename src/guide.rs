@@ -27,3 +27,6 @@ pub mod performance {}
 
 #[doc = include_str!("../docs/command.md")]
 pub mod command {}
+
+#[doc = include_str!("../docs/election.md")]
+pub mod election {}

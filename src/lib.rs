@@ -183,6 +183,7 @@
 
 // The public primitives and their options.
 mod builder; // LockerBuilder: pool, timeouts, prefix, TLS; builds on one server, Redlock, Cluster
+mod election; // Election, Leadership, Observer, Leader: campaign for a term, who leads, each change
 mod error; // Error: held elsewhere, lost, bad input, wrong type, Redis unavailable
 mod guard; // LockGuard: a held lock; refresh, ttl, release, released on drop
 mod holder; // Holder: what anyone may see of a live hold; Locker::holders
@@ -207,6 +208,7 @@ pub mod testing; // Server, Replicated: private redis-servers for tests (feature
 
 pub use backend::SocketTimeouts;
 pub use builder::LockerBuilder;
+pub use election::{Election, Leader, Leadership, Observer};
 pub use error::{Error, Result};
 pub use guard::LockGuard;
 pub use holder::Holder;

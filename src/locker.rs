@@ -6,7 +6,7 @@ use redis::{Client, IntoConnectionInfo};
 use crate::hold::{Kind, Request, obtain};
 use crate::options::{at_most_once, checked_keys};
 use crate::shared::Shared;
-use crate::{Error, LockGuard, LockOptions, LockerBuilder, Result, Semaphore};
+use crate::{Election, Error, LockGuard, LockOptions, LockerBuilder, Result, Semaphore};
 
 /// Takes locks on Redis keys. A cheap `Clone` (an `Arc` inside), `Send + Sync`.
 ///
@@ -162,6 +162,30 @@ impl Locker {
     /// [`Semaphore`](crate::Semaphore#deployments)).
     pub fn semaphore(&self, name: &str, limit: u32) -> Result<Semaphore> {
         Semaphore::new(Arc::clone(&self.shared), name, limit)
+    }
+
+    /// The election `name`: candidates of every process campaign for it, at most one leads
+    /// at a time, and each leader's term is larger than every earlier one (see
+    /// [`Election`]). No round trip. Its keys (after the locker's prefix) are
+    /// `redguard:election:{<name>}` (the leader's lock, with the candidates' queue beside
+    /// it), its fencing counter (the terms) and `redguard:proclaimed:…` (the value the
+    /// leader proclaimed last), all in one Cluster hash slot.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), redguard::Error> {
+    /// let locker = redguard::Locker::connect("redis://127.0.0.1/")?;
+    /// let election = locker.election("scheduler")?;
+    /// let term = election.campaign("10.0.0.7:8080")?; // waits until it leads
+    /// println!("term {}", term.term());
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for an empty name; on a quorum of servers (a term needs one
+    /// counter); on a cluster, for a name whose keys would not share a slot (an unmatched
+    /// brace).
+    pub fn election(&self, name: &str) -> Result<Election> {
+        Election::new(Arc::clone(&self.shared), name)
     }
 
     /// [`lock_with`](Self::lock_with), with `no_quorum` as the error when too few quorum

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::call::Call;
 use super::cluster::{self, ClusterPool};
 use super::fence::queue_keys;
 use super::introspect::{self, KeyHolders};
@@ -98,6 +99,65 @@ impl Backend {
             )),
             Backend::Cluster(..) => cluster::check_semaphore_slot(keys, prefix, fencing),
         }
+    }
+
+    /// Refuses, before any round trip, an election whose keys (see
+    /// `fence::election_keys`, the lock's first) this backend cannot keep: on a quorum (no
+    /// one counter of terms), and on a cluster when they, and the lock's queue, would not
+    /// share one slot.
+    pub(crate) fn supports_elections(&self, keys: &[String; 3], prefix: &str) -> Result<()> {
+        match self {
+            Backend::Single(_) => Ok(()),
+            Backend::Quorum(_) => Err(Error::InvalidInput(
+                "elections need one server, Sentinel or a cluster: a term must come from one \
+                 counter, and the independent servers of a quorum each have their own"
+                    .into(),
+            )),
+            Backend::Cluster(..) => {
+                let lock = std::slice::from_ref(&keys[0]);
+                let first = slot(&keys[0]);
+                match keys.iter().all(|key| slot(key) == first) && self.queues(lock, prefix) {
+                    true => Ok(()),
+                    false => Err(Error::InvalidInput(format!(
+                        "the election's keys ({keys:?}) would not share one cluster hash slot: \
+                         give it a name without braces, or a prefix without an unmatched `{{`"
+                    ))),
+                }
+            }
+        }
+    }
+
+    /// Runs `call` on `keys` where they live (the one server, or the master of their
+    /// slot); refused on a quorum, and on a cluster when the keys do not share a slot. Only
+    /// for calls whose repeat does no harm (see [`Pool::run`]).
+    pub(crate) fn run_in_slot<T>(
+        &self,
+        keys: &[&str],
+        call: &Call,
+        parse: impl Fn(redis::Value) -> redis::RedisResult<T>,
+    ) -> Result<T> {
+        match self {
+            Backend::Single(pool) => pool.run(|con| parse(call.run(con)?)),
+            Backend::Cluster(..) if keys.iter().any(|key| slot(key) != slot(keys[0])) => {
+                Err(Error::InvalidInput(format!(
+                    "keys {keys:?} would not share one cluster hash slot: use a key without \
+                     braces, or with a hash tag of its own"
+                )))
+            }
+            Backend::Cluster(cluster, _) => cluster.run(|con| parse(call.run(con)?)),
+            Backend::Quorum(_) => Err(Error::InvalidInput(
+                "fenced writes and elections need one server, Sentinel or a cluster".into(),
+            )),
+        }
+    }
+
+    /// Tells whoever listens on `channel` (any node of a cluster hears it) that something
+    /// changed.
+    pub(crate) fn publish(&self, channel: &str) -> Result<()> {
+        let mut publish = redis::cmd("PUBLISH");
+        publish.arg(channel).arg("");
+        let call = Call::command(publish);
+        self.run_in_slot(&[], &call, |_| Ok(()))
     }
 
     /// Refuses, before any round trip, a shared hold of `keys` this backend cannot give: on

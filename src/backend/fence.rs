@@ -14,6 +14,23 @@ pub(crate) fn fence_key(key: &str) -> String {
     companion("fence", key)
 }
 
+/// The keys of the election `name`, each after the locker's `prefix`, all in one Cluster
+/// hash slot: its lock (`redguard:election:{<name>}`, or `redguard:election:t:<name>` for a
+/// name with a hash tag of its own), the lock's fencing counter (the term counter), and
+/// the value its leader proclaimed last (see `lua/election/leader.lua`).
+pub(crate) fn election_keys(prefix: &str, name: &str) -> [String; 3] {
+    let lock = format!("{prefix}{}", companion("election", name));
+    let counter = format!("{prefix}{}", fence_key(&lock));
+    let proclaimed = format!("{prefix}{}", companion("proclaimed", &lock));
+    [lock, counter, proclaimed]
+}
+
+/// Where [`fenced_set`](crate::Leadership::fenced_set) records the largest fencing token
+/// that wrote `key` (a Redis key, after the locker's `prefix`): beside it, in its slot.
+pub(crate) fn fenced_record(prefix: &str, key: &str) -> String {
+    format!("{prefix}{}", companion("fenced", key))
+}
+
 /// `redguard:<role>:{<key>}`, or `redguard:<role>:t:<key>` (see [`fence_key`]).
 fn companion(role: &str, key: &str) -> String {
     if hash_tag(key).is_some() || key.contains('}') {
@@ -66,6 +83,21 @@ mod tests {
         assert_eq!(all[3], "p:redguard:alive:{job}");
         assert_eq!(all[7], format!("p:{}", fence_key("job")));
         assert_eq!(entry_keys("p:", &keys)[2..], all[..6]);
+    }
+
+    #[test]
+    fn an_elections_keys_share_its_slot() {
+        use crate::backend::slot;
+        for (prefix, name) in [("", "scheduler"), ("p:", "{tag}:x"), ("app:", "a}b")] {
+            let keys = election_keys(prefix, name);
+            assert!(keys.iter().all(|key| key.starts_with(prefix)), "{keys:?}");
+            if !name.contains('}') || name.starts_with('{') {
+                let first = slot(&keys[0]);
+                assert!(keys.iter().all(|key| slot(key) == first), "{keys:?}");
+            }
+        }
+        assert_eq!(election_keys("", "s")[0], "redguard:election:{s}");
+        assert_eq!(fenced_record("p:", "p:jobs"), "p:redguard:fenced:{p:jobs}");
     }
 
     #[test]

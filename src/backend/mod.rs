@@ -6,7 +6,8 @@
 //! - `request.rs`: what a hold asks (an attempt, a refresh, the replicas it waits for);
 //! - `outcome.rs`: what every backend answers;
 //! - `scripts.rs`, `call.rs`: the scripts, and how one is sent (EVALSHA, EVAL on
-//!   NOSCRIPT); `introspect.rs`: asking who holds what;
+//!   NOSCRIPT); `introspect.rs`: asking who holds what; `election.rs`: who leads an
+//!   election, a leader's new value, and fenced writes;
 //! - `replicas.rs`: WAIT for the replicas a hold wants;
 //! - `pool/`: connections, bounded by the timeouts of `bounds.rs`; `tls.rs`: TLS set-up;
 //! - `sentinel/`: the master the sentinels name, followed through failovers;
@@ -17,6 +18,7 @@ mod bounds;
 mod call;
 mod cluster;
 mod dispatch;
+mod election;
 mod fence;
 mod introspect;
 mod masters;
@@ -34,9 +36,13 @@ pub(crate) mod tls;
 pub(crate) use bounds::Bounds;
 pub(crate) use cluster::ClusterPool;
 pub(crate) use dispatch::Backend;
-pub(crate) use fence::{entry_keys, fence_key};
+pub(crate) use election::{
+    Found, Led, fenced_set_call, leader_call, parse_leader, parse_written, proclaim_call,
+};
+pub(crate) use fence::{election_keys, entry_keys, fence_key, fenced_record};
 pub(crate) use introspect::{HeldBy, Holds, KeyHolders};
 pub(crate) use outcome::{Acquired, Handed, Refreshed};
+pub(crate) use pool::Dedicated;
 pub(crate) use pool::Pool;
 pub use pool::SocketTimeouts;
 pub(crate) use quorum::Quorum;

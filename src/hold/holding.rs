@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 use super::place::millis;
 use super::{Held, Kind, Timing};
-use crate::backend::{Queue, Refresh, Refreshed, Release};
+use crate::backend::{
+    Found, Queue, Refresh, Refreshed, Release, fenced_record, fenced_set_call, parse_written,
+};
 use crate::options::checked_ttl;
 use crate::shared::Shared;
 use crate::wait::Pending;
@@ -151,6 +153,40 @@ impl Holding {
             .timing()
             .expires_at()
             .saturating_duration_since(Instant::now())
+    }
+
+    /// Writes `value` at `key` (after the locker's prefix) unless a fencing token larger
+    /// than this hold's first one has written it: `false` then, and nothing is changed.
+    pub(crate) fn fenced_set(&self, key: &str, value: &str) -> Result<bool> {
+        let Some(&token) = self.held.fences.first() else {
+            return Err(Error::InvalidInput(
+                "fenced_set needs a fencing token: take the lock with LockOptions::fencing(true)"
+                    .into(),
+            ));
+        };
+        if key.is_empty() {
+            return Err(Error::InvalidInput("fenced_set: the key is empty".into()));
+        }
+        let prefix = self.shared.prefix.as_str();
+        let stored = format!("{prefix}{key}");
+        let record = fenced_record(prefix, &stored);
+        let call = fenced_set_call(&stored, &record, token, value);
+        let keys = [stored.as_str(), record.as_str()];
+        match self
+            .shared
+            .backend
+            .run_in_slot(&keys, &call, parse_written)?
+        {
+            Found::Yes(written) => Ok(written),
+            Found::WrongType { key: found, kind } => Err(Error::WrongType {
+                key: if found == stored {
+                    key.to_owned()
+                } else {
+                    found
+                },
+                kind,
+            }),
+        }
     }
 
     /// Gives the hold up: `LockLost` when it was no longer (or already known not to be)

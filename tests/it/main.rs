@@ -7,6 +7,7 @@ mod cluster;
 mod cluster_queue;
 mod cluster_server;
 mod dead_waiters;
+mod election;
 mod faults;
 mod fencing;
 mod holders;
