@@ -121,8 +121,9 @@ impl Observer {
     /// A connection of its own, subscribed to the election's channel.
     fn subscribe(&mut self) -> Result<()> {
         let pools = self.election.shared().backend.listen_pools();
-        let Some(pool) = pools.get(self.server % pools.len().max(1)) else {
-            return Ok(()); // no server to listen on: it reads every REREAD
+        let pool = pools.get(self.server % pools.len().max(1));
+        let Some(pool) = pool.filter(|pool| pool.can_dedicate()) else {
+            return Ok(()); // none to spare (a caller's pool of one): it reads every REREAD
         };
         let mut con = pool.dedicated(CONNECT_WAIT)?;
         let mut subscribe = redis::cmd("SUBSCRIBE");
