@@ -42,7 +42,6 @@ pub(crate) use election::{
 pub(crate) use fence::{election_keys, entry_keys, fence_key, fenced_record};
 pub(crate) use introspect::{HeldBy, Holds, KeyHolders};
 pub(crate) use outcome::{Acquired, Handed, Refreshed};
-pub(crate) use pool::Dedicated;
 pub(crate) use pool::Pool;
 pub use pool::SocketTimeouts;
 pub(crate) use quorum::Quorum;

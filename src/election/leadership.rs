@@ -54,6 +54,13 @@ impl Leadership {
             ))));
         };
         let value = held.metadata().to_owned();
+        // A term a release handed over lasts what the candidate's place in the queue had
+        // left (about a second) until the refresher's next turn: a leader starts with its
+        // whole lease, so that `valid_for` means what it says.
+        let ttl = Duration::from_millis(held.timing().ttl_ms);
+        if holding.valid_for() < ttl / 2 {
+            holding.refresh(ttl)?;
+        }
         log::debug!(
             "redguard: election {:?}: term {term} leads",
             election.name()
@@ -102,6 +109,16 @@ impl Leadership {
     /// clock; zero once lost. A leader with a deadline of its own stops before it.
     pub fn valid_for(&self) -> Duration {
         self.holding.valid_for()
+    }
+
+    /// Sets the lease to `ttl` from now, if this term still leads; with auto-refresh on,
+    /// later renewals use this TTL too. As [`LockGuard::refresh`](crate::LockGuard::refresh).
+    ///
+    /// # Errors
+    /// As [`LockGuard::refresh`](crate::LockGuard::refresh): [`Error::LockLost`] when the
+    /// term is over (nothing is changed).
+    pub fn refresh(&self, ttl: Duration) -> Result<()> {
+        self.holding.refresh(ttl)
     }
 
     /// Advertises `value` instead, for the rest of this term (same term; observers are

@@ -71,7 +71,8 @@ struct Inner {
     /// The lock (each leader's), its fencing counter (the terms) and the value its leader
     /// proclaimed last, as Redis knows them (see `backend::election_keys`).
     keys: [String; 3],
-    /// Where observers hear of changes: the lock's own name.
+    /// Where observers hear of changes: the lock's release channel (see
+    /// `wait::Subscriber::watch`).
     channel: String,
 }
 
@@ -83,9 +84,10 @@ impl Election {
         }
         let keys = election_keys(&shared.prefix, name);
         shared.backend.supports_elections(&keys, &shared.prefix)?;
+        let channel = format!("{}{}", shared.subscriber.release_channels(), keys[0]);
         Ok(Election {
             inner: Arc::new(Inner {
-                channel: keys[0].clone(),
+                channel,
                 name: name.to_owned(),
                 keys,
                 shared,
@@ -172,11 +174,10 @@ impl Election {
 
     /// The leader now, then each change: a new leader (with its term), a new value
     /// proclaimed, and `None` when nobody leads any more (resigned, or its lease expired).
-    /// Never a leader older than one already yielded. It listens on a connection of its own
-    /// (a slot of the pool when the locker was built on yours) and reads the election
-    /// again after each message, at each leader's expiry and at least once a second; after
-    /// its connection drops it reads it again too, so a gap can lose intermediate leaders
-    /// but never report a stale one.
+    /// Never a leader older than one already yielded. It hears of changes through the
+    /// locker's one subscriber connection, and reads the election again after each
+    /// message, at each leader's expiry, at least once a second, and after the subscriber
+    /// reconnected: a gap can lose intermediate leaders but never report a stale one.
     ///
     /// ```no_run
     /// # fn main() -> Result<(), redguard::Error> {
@@ -191,9 +192,10 @@ impl Election {
     /// ```
     ///
     /// # Errors
-    /// [`Error::Redis`] or [`Error::Pool`] when it cannot connect to listen.
+    /// None yet: no round trip is made until the first
+    /// [`next`](Iterator::next); each change is a `Result` of its own.
     pub fn observe(&self) -> Result<Observer> {
-        Observer::new(self.clone())
+        Ok(Observer::new(self.clone()))
     }
 
     /// The options of a campaign for `value`: fencing on (it makes the terms), the value

@@ -1,7 +1,8 @@
 //! [`Observer`]: each change of an election's leader, as an iterator.
 //!
-//! It listens on the election's channel on a connection of its own, where campaigns,
-//! resignations and proclamations publish, but a message only makes it read the election
+//! Campaigns, resignations and proclamations publish on the release channel of the
+//! election's lock, which an observer watches through its locker's one subscriber, as a
+//! waiter that does not queue watches its keys. A message only makes it read the election
 //! again: what it yields is always what the server said when asked. Expiries publish
 //! nothing, so it also reads at each leader's expiry, and at least every [`REREAD`].
 
@@ -10,14 +11,11 @@ use std::time::{Duration, Instant};
 
 use super::{Election, Leader};
 use crate::Result;
-use crate::backend::Dedicated;
+use crate::hold::later;
 
 /// The longest an observer goes without reading the election (a message may be lost: a
 /// leader that died right after it was made never published).
 const REREAD: Duration = Duration::from_secs(1);
-
-/// The longest it waits for its own connection to be made.
-const CONNECT_WAIT: Duration = Duration::from_secs(1);
 
 /// The changes of an election's leader: the leader at the start, then each new leader,
 /// each new value proclaimed, and `None` when nobody leads. Made by
@@ -25,10 +23,6 @@ const CONNECT_WAIT: Duration = Duration::from_secs(1);
 /// [`next_timeout`](Self::next_timeout) waits at most as long as it is told.
 pub struct Observer {
     election: Election,
-    /// Subscribed to the election's channel; `None` until (re)connected.
-    subscription: Option<Dedicated>,
-    /// Which of the backend's listening servers to connect to next.
-    server: usize,
     /// What was yielded last (`None` before the first).
     yielded: Option<Option<Leader>>,
     /// The largest term yielded: an older one is never yielded after it.
@@ -36,28 +30,25 @@ pub struct Observer {
 }
 
 impl Observer {
-    pub(super) fn new(election: Election) -> Result<Observer> {
-        let mut observer = Observer {
+    pub(super) fn new(election: Election) -> Observer {
+        Observer {
             election,
-            subscription: None,
-            server: 0,
             yielded: None,
             highest: 0,
-        };
-        observer.subscribe()?;
-        Ok(observer)
+        }
     }
 
     /// The next change, waiting at most `wait`: `None` when nothing changed meanwhile.
     /// The first call yields the leader as it is (or `None` inside `Some` for no leader).
     pub fn next_timeout(&mut self, wait: Duration) -> Option<Result<Option<Leader>>> {
-        let deadline = crate::hold::later(Instant::now(), wait);
+        let deadline = later(Instant::now(), wait);
+        let election = self.election.clone();
+        let subscriber = &election.shared().subscriber;
+        let lock = std::slice::from_ref(&election.keys()[0]);
         loop {
-            if self.subscription.is_none() {
-                // Best effort: without a connection it reads the election every REREAD.
-                let _ = self.subscribe();
-            }
-            let leader = match self.election.leader() {
+            // Noted before the read: a message heard after it wakes the wait below.
+            let seen = subscriber.seen(lock);
+            let leader = match election.leader() {
                 Ok(leader) => leader,
                 Err(e) => return Some(Err(e)),
             };
@@ -74,10 +65,11 @@ impl Observer {
             if left.is_zero() {
                 return None;
             }
-            self.wait(next.min(left));
+            // Wakes on a message, or once (re)subscribed: one may have gone unheard.
+            let mut ticket = subscriber.watch(lock, seen);
+            ticket.wait_until(Instant::now() + next.min(left));
         }
     }
-
     /// `leader` as a change to yield (recorded as yielded), or `None` when it is no change:
     /// the same leader and value as last yielded, or a term older than one yielded.
     fn news(&mut self, leader: Option<Leader>) -> Option<Option<Leader>> {
@@ -95,44 +87,6 @@ impl Observer {
         }
         self.yielded = Some(leader.clone());
         Some(leader)
-    }
-
-    /// Waits up to `wait` for a message on the election's channel (any message, or none).
-    fn wait(&mut self, wait: Duration) {
-        let Some(con) = self.subscription.as_mut() else {
-            std::thread::sleep(wait);
-            return;
-        };
-        // A zero read timeout would mean none at all.
-        let heard = con
-            .set_read_timeout(Some(wait.max(Duration::from_millis(1))))
-            .and_then(|()| con.recv_response());
-        match heard {
-            Ok(_) => {}
-            Err(e) if e.is_timeout() => {}
-            Err(e) => {
-                log::debug!("redguard: an observer's connection failed ({e}); reconnecting");
-                self.subscription = None;
-                self.server += 1;
-            }
-        }
-    }
-
-    /// A connection of its own, subscribed to the election's channel.
-    fn subscribe(&mut self) -> Result<()> {
-        let pools = self.election.shared().backend.listen_pools();
-        let pool = pools.get(self.server % pools.len().max(1));
-        let Some(pool) = pool.filter(|pool| pool.can_dedicate()) else {
-            return Ok(()); // none to spare (a caller's pool of one): it reads every REREAD
-        };
-        let mut con = pool.dedicated(CONNECT_WAIT)?;
-        let mut subscribe = redis::cmd("SUBSCRIBE");
-        subscribe.arg(self.election.channel());
-        con.send_packed_command(&subscribe.get_packed_command())?;
-        // The confirmation, within the connection's I/O timeout.
-        con.recv_response()?;
-        self.subscription = Some(con);
-        Ok(())
     }
 }
 
@@ -153,7 +107,6 @@ impl fmt::Debug for Observer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Observer")
             .field("election", &self.election.name())
-            .field("subscribed", &self.subscription.is_some())
             .finish_non_exhaustive()
     }
 }

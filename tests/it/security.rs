@@ -12,7 +12,7 @@ use crate::server::RedisServer;
 const RULES: &str = "resetkeys ~locks:* resetchannels &locks:* -@all \
     +set +evalsha +eval +publish +subscribe +unsubscribe +ping +echo \
     +msetnx +mset +psetex +pexpire +pexpireat +pttl +getrange +type +get +mget +del +incr +exists \
-    +time +zadd +zrem +zrange +zrangebyscore +zremrangebyscore +zscore +zrank +zcard +zcount";
+    +time +zadd +zrem +zrange +zrangebyscore +zremrangebyscore +zscore +zrank +zcard +zcount +hset +hmget";
 
 #[test]
 fn user_limited_to_the_prefix_and_the_needed_commands_can_do_everything() {
@@ -81,4 +81,18 @@ fn user_limited_to_the_prefix_and_the_needed_commands_can_do_everything() {
             .len(),
         0
     );
+
+    // An election: campaign, proclaim, fenced writes, who leads, an observer.
+    let election = locker.election("e").unwrap();
+    let mut observer = election.observe().unwrap();
+    assert_eq!(observer.next().unwrap().unwrap(), None);
+    let mut term = election.campaign("a").unwrap();
+    term.proclaim("b").unwrap();
+    assert!(term.fenced_set("out", "1").unwrap());
+    assert_eq!(server.query::<String>(&["GET", "locks:out"]), "1");
+    let leader = election.leader().unwrap().expect("a leader");
+    assert_eq!((leader.term(), leader.value()), (term.term(), "b"));
+    let seen = observer.next_timeout(Duration::from_secs(5)).expect("news");
+    assert_eq!(seen.unwrap().map(|l| l.term()), Some(term.term()));
+    term.resign().unwrap();
 }

@@ -14,5 +14,5 @@ mod connector;
 mod given;
 
 pub(crate) use self::build::{Pool, worker};
-pub(crate) use self::conn::{Conn, Dedicated};
+pub(crate) use self::conn::Conn;
 pub use self::given::SocketTimeouts;
