@@ -1,6 +1,7 @@
 //! Integration tests: one binary (links once), each test against its own redis-server.
 
 mod cli;
+mod cli_elect;
 mod cli_status;
 mod cli_stop;
 mod cluster;

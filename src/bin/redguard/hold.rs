@@ -1,13 +1,15 @@
-//! The hold `redguard run` takes (a lock, a read lock or a permit): taken by one wait of
-//! the library's with the real deadline, on a thread of its own so that a signal ends the
-//! wait at once; given back within a bound.
+//! The hold `redguard run` takes (a lock, a read lock or a permit), or `redguard elect`'s
+//! term: taken by one wait of the library's with the real deadline, on a thread of its own
+//! so that a signal ends the wait at once; given back within a bound.
 
 use std::process::ExitCode;
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::thread;
 use std::time::Duration;
 
-use redguard::{Error, LockGuard, LockOptions, Locker, Permit, ReadGuard, Semaphore};
+use redguard::{
+    Election, Error, Leadership, LockGuard, LockOptions, Locker, Permit, ReadGuard, Semaphore,
+};
 
 use crate::{UNAVAILABLE, fail, failed, signal_code, signals};
 
@@ -22,6 +24,8 @@ pub(crate) enum Hold {
     Lock(LockGuard),
     Read(ReadGuard),
     Permit(Permit),
+    /// A term of an election: its number is its fencing token.
+    Term(Leadership),
 }
 
 impl Hold {
@@ -30,6 +34,7 @@ impl Hold {
             Hold::Lock(g) => g.is_lost(),
             Hold::Read(g) => g.is_lost(),
             Hold::Permit(p) => p.is_lost(),
+            Hold::Term(t) => t.is_lost(),
         }
     }
 
@@ -39,6 +44,7 @@ impl Hold {
             Hold::Lock(g) => g.valid_for(),
             Hold::Read(g) => g.valid_for(),
             Hold::Permit(p) => p.valid_for(),
+            Hold::Term(t) => t.valid_for(),
         }
     }
 
@@ -48,6 +54,7 @@ impl Hold {
             Hold::Lock(g) => g.refresh(ttl),
             Hold::Read(g) => g.refresh(ttl),
             Hold::Permit(p) => p.refresh(ttl),
+            Hold::Term(t) => t.refresh(ttl),
         }
     }
 
@@ -56,6 +63,7 @@ impl Hold {
             Hold::Lock(g) => g.fence(),
             Hold::Read(g) => g.fence(),
             Hold::Permit(p) => p.fence(),
+            Hold::Term(t) => Some(t.term()),
         }
     }
 
@@ -64,6 +72,7 @@ impl Hold {
             Hold::Lock(g) => g.release(),
             Hold::Read(g) => g.release(),
             Hold::Permit(p) => p.release(),
+            Hold::Term(t) => t.resign(),
         }
     }
 }
@@ -73,6 +82,8 @@ pub(crate) enum Want {
     Lock(Vec<String>),
     Read(Vec<String>),
     Permit(Semaphore),
+    /// To lead `Election`, advertising the value.
+    Term(Election, String),
 }
 
 impl Want {
@@ -82,6 +93,7 @@ impl Want {
             Want::Lock(keys) => locker.lock_with(keys, options).map(Hold::Lock),
             Want::Read(keys) => locker.read_with(keys, options).map(Hold::Read),
             Want::Permit(semaphore) => semaphore.acquire_with(options).map(Hold::Permit),
+            Want::Term(election, value) => election.campaign_with(value, options).map(Hold::Term),
         }?;
         // A hold a release gave this waiter lasts what its place in the queue had left
         // until the refresher lengthens it; the command's stop rules count from how long

@@ -1,15 +1,20 @@
-//! `redguard`: run a command while holding locks on Redis, or say who holds what.
+//! `redguard`: run a command while holding locks on Redis, or while leading an election;
+//! say who holds what, or who leads.
 //!
 //! ```text
 //! redguard run [OPTIONS] KEY... -- COMMAND [ARG]...
 //! redguard run [OPTIONS] KEY... -c 'shell command'
 //! redguard status [OPTIONS] [KEY]...      (no KEY: every lock under --prefix)
+//! redguard elect [OPTIONS] NAME -- COMMAND [ARG]...   (or -c; --requeue: again and again)
+//! redguard leader [OPTIONS] NAME          (--watch: each change; --json)
 //! ```
 //!
 //! Redis is one server (`--url`, else `$REDIS_URL`), the master sentinels name
-//! (`--sentinel URL... --master NAME`), a quorum (`--redlock`) or a cluster (`--cluster`).
-//! Exit statuses: see [`EXIT_STATUSES`] (also in `--help`); what the command is promised
-//! when the lock cannot be kept: `run::AFTER_HELP`.
+//! (`--sentinel URL... --master NAME`), a quorum (`--redlock`; not for elections) or a
+//! cluster (`--cluster`). Exit statuses: see [`EXIT_STATUSES`] (also in `--help`); what
+//! the command is promised when the lock cannot be kept: `run::AFTER_HELP`; when the term
+//! is lost: `elect::AFTER_HELP` (`run` and `elect` share `supervise.rs`, and the hold
+//! behind it in `hold.rs`).
 //!
 //! The command runs in a process group of its own, so that signals reach all of it. Two
 //! consequences: with a terminal on its standard input, a command that reads the terminal
@@ -17,11 +22,15 @@
 //! command leaves running when it exits are not covered by the lock, which is given back
 //! as soon as the command itself exits.
 
+mod child;
+mod elect;
 mod hold;
+mod leader;
 mod raw;
 mod run;
 mod signals;
 mod status;
+mod supervise;
 mod watch;
 mod watchdog;
 
@@ -31,7 +40,8 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use redguard::{Error, Locker};
 
-/// Run a command under a lock on Redis, or say who holds what.
+/// Run a command under a lock on Redis or while leading an election; say who holds what,
+/// or who leads.
 #[derive(Parser)]
 #[command(name = "redguard", version, after_help = EXIT_STATUSES)]
 struct Cli {
@@ -47,6 +57,12 @@ enum Command {
     /// Say who holds each KEY (or every lock under --prefix), and for how long.
     #[command(after_help = EXIT_STATUSES)]
     Status(status::StatusArgs),
+    /// Run COMMAND while leading election NAME (its term in REDGUARD_TERM).
+    #[command(after_help = elect::AFTER_HELP)]
+    Elect(elect::ElectArgs),
+    /// Say who leads election NAME, and with --watch each change.
+    #[command(after_help = leader::AFTER_HELP)]
+    Leader(leader::LeaderArgs),
 }
 
 /// Where Redis is.
@@ -175,5 +191,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Run(args) => run::run(args),
         Command::Status(args) => status::status(args),
+        Command::Elect(args) => elect::elect(args),
+        Command::Leader(args) => leader::leader(args),
     }
 }

@@ -1,20 +1,16 @@
 //! `redguard run`: hold the keys, run the command, pass signals on, stop it if the lock
 //! is lost, give the keys back as soon as it ends.
 
-use std::io;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::process::{Child, ExitCode, ExitStatus};
+use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
 use redguard::{LockOptions, Locker};
 
-use crate::hold::{GaveBack, Hold, Want, acquire, give_back};
-use crate::watch::{Ended, Plan, early_grace, watch};
-use crate::watchdog::Watchdog;
-use crate::{
-    CANNOT_START, Connection, LOST, NOT_RELEASED, USAGE, fail, failed, signal_code, signals,
-};
+use crate::child::Program;
+use crate::hold::{Want, acquire};
+use crate::supervise::{Supervised, Supervision, supervise};
+use crate::{CANNOT_START, Connection, USAGE, fail, failed, signals};
 
 #[derive(Args)]
 pub(crate) struct RunArgs {
@@ -50,15 +46,11 @@ pub(crate) struct RunArgs {
     /// cannot be kept (cut to a third of --ttl for a stop before the lock can expire).
     #[arg(long = "kill-grace", default_value = "5s", value_parser = duration)]
     kill_grace: Duration,
-    /// Run this through $SHELL -c (else /bin/sh -c), instead of a COMMAND after --.
-    #[arg(short = 'c', value_name = "SHELL_COMMAND")]
-    shell: Option<String>,
     /// The keys to hold, all or none.
     #[arg(required = true, value_name = "KEY")]
     keys: Vec<String>,
-    /// The command to run, and its arguments (after --).
-    #[arg(last = true, value_name = "COMMAND")]
-    command: Vec<String>,
+    #[command(flatten)]
+    program: Program,
 }
 
 /// After `run`'s options in `--help`: what the command is promised, and the exit statuses.
@@ -88,11 +80,8 @@ on only if the lock is still valid (else SIGKILL, exit 75). Should redguard be k
 );
 
 pub(crate) fn run(args: RunArgs) -> ExitCode {
-    if args.shell.is_some() != args.command.is_empty() {
-        return fail(
-            USAGE,
-            "give either a COMMAND after --, or -c 'shell command'",
-        );
+    if let Err(code) = args.program.check() {
+        return code;
     }
     if args.permits.is_some() && args.keys.len() != 1 {
         return fail(USAGE, "--permits takes exactly one KEY: the semaphore");
@@ -118,120 +107,32 @@ pub(crate) fn run(args: RunArgs) -> ExitCode {
         Ok(hold) => hold,
         Err(code) => return code,
     };
-    if let Some(signal) = signals::received() {
-        // While the lock was being taken.
-        let _ = give_back(hold, args.connection.io_timeout);
-        return signal_code(signal);
+    let mut env = vec![
+        ("REDGUARD_KEYS", args.keys.join(" ")),
+        ("REDGUARD_TTL_MS", args.ttl.as_millis().to_string()),
+    ];
+    if let Some(fence) = hold.fence() {
+        env.push(("REDGUARD_FENCE", fence.to_string()));
     }
-    let mut child = match spawn(&args, &hold) {
-        Ok(child) => child,
-        Err(e) => {
-            let _ = give_back(hold, args.connection.io_timeout);
-            let program = match &args.shell {
-                Some(_) => shell(),
-                None => args.command[0].clone(),
-            };
-            return fail(CANNOT_START, &format!("cannot start {program:?}: {e}"));
-        }
-    };
-    signals::set_group(child.id());
-    // Stopped once the command has ended, before the lock is given back.
-    let watchdog = Watchdog::start(child.id())
-        .map_err(|e| {
-            eprintln!(
-                "redguard: no watchdog ({e}): should redguard be killed, only the command's \
-                 first process is"
-            );
-        })
-        .ok();
-    let early = early_grace(args.kill_grace, args.ttl);
-    if early < args.kill_grace {
-        eprintln!(
-            "redguard: --kill-grace {:?} cut to {early:.1?} (a third of --ttl) for a stop \
-             before the lock can expire",
-            args.kill_grace
-        );
-    }
-    let plan = Plan {
+    let how = Supervision {
         named: &named,
-        early,
+        ttl: args.ttl,
         kill_grace: args.kill_grace,
+        io_timeout: args.connection.io_timeout,
     };
-    let ended = watch(&mut child, &hold, &plan);
-    // The command reaped: its group's number may soon be another's.
-    drop(watchdog);
-    signals::forget_group();
-    finish(ended, hold, &named, args.connection.io_timeout)
-}
-
-/// The exit status once the command has ended: the lock given back (within the I/O
-/// timeout, and a little), and any loss said on stderr.
-fn finish(ended: io::Result<Ended>, hold: Hold, named: &str, io_timeout: Duration) -> ExitCode {
-    let status = match ended {
-        Ok(Ended::Exited(status)) => status,
-        Ok(Ended::Stopped) => {
-            let _ = give_back(hold, LOST_RELEASE);
-            return ExitCode::from(LOST);
-        }
-        Err(e) => {
-            let _ = give_back(hold, io_timeout);
-            return fail(CANNOT_START, &format!("cannot wait for the command: {e}"));
-        }
-    };
-    if hold.is_lost() {
-        let _ = give_back(hold, LOST_RELEASE);
-        return fail(
-            LOST,
-            &format!("the lock on {named} was lost while the command ran (it ended by itself)"),
-        );
-    }
-    match give_back(hold, io_timeout + RELEASE_MARGIN) {
-        GaveBack::Done => exit_code(status),
-        GaveBack::Lost => fail(
-            LOST,
-            &format!(
-                "the lock on {named} was found lost when given back: the command ({}) may \
-                 have run beside another holder",
-                described(status)
-            ),
-        ),
-        GaveBack::Failed(e) => fail(
-            NOT_RELEASED,
-            &format!(
-                "the command ended ({}), but the lock on {named} could not be given back \
-                 ({e}): it expires with its TTL",
-                described(status)
-            ),
-        ),
-        GaveBack::NoAnswer => fail(
-            NOT_RELEASED,
-            &format!(
-                "the command ended ({}), but Redis did not answer the release of {named} \
-                 within {io_timeout:?}: the lock expires with its TTL",
-                described(status)
-            ),
-        ),
+    match supervise(hold, &args.program, &env, &how) {
+        Supervised::Ran(code) | Supervised::NotStarted(code) => code,
     }
 }
-
-/// How long a lost hold's release is waited for: it only tidies up.
-const LOST_RELEASE: Duration = Duration::from_millis(100);
-/// Beyond the I/O timeout, for a release to come back.
-const RELEASE_MARGIN: Duration = Duration::from_millis(250);
 
 /// What to take, and how.
 fn want(locker: &Locker, args: &RunArgs) -> Result<(Want, LockOptions), ExitCode> {
     let metadata = args.metadata.clone().unwrap_or_else(default_metadata);
-    let mut options = LockOptions::default()
+    let options = LockOptions::default()
         .ttl(args.ttl)
         .metadata(metadata)
         .fencing(args.fencing);
-    // One wait, with the whole deadline (none: as long as it takes).
-    if args.no_wait {
-        options = options.timeout(Duration::ZERO);
-    } else if let Some(wait) = args.wait {
-        options = options.timeout(wait);
-    }
+    let options = waiting(options, args.no_wait, args.wait);
     let want = match args.permits {
         Some(permits) => Want::Permit(
             locker
@@ -244,107 +145,30 @@ fn want(locker: &Locker, args: &RunArgs) -> Result<(Want, LockOptions), ExitCode
     Ok((want, options))
 }
 
-/// $SHELL, else /bin/sh.
-fn shell() -> String {
-    std::env::var("SHELL").unwrap_or_else(|_| "/bin/sh".into())
-}
-
-/// Starts the command in a process group of its own, with what it should know. Called on
-/// the main thread, which lives as long as `redguard`: the parent-death signal is tied to
-/// the thread that started the child.
-fn spawn(args: &RunArgs, hold: &Hold) -> io::Result<Child> {
-    let mut command = match &args.shell {
-        Some(line) => {
-            let mut command = std::process::Command::new(shell());
-            command.arg("-c").arg(line);
-            command
-        }
-        None => {
-            let mut command = std::process::Command::new(&args.command[0]);
-            command.args(&args.command[1..]);
-            command
-        }
-    };
-    command
-        .process_group(0)
-        .env("REDGUARD_KEYS", args.keys.join(" "))
-        .env("REDGUARD_TTL_MS", args.ttl.as_millis().to_string());
-    if let Some(fence) = hold.fence() {
-        command.env("REDGUARD_FENCE", fence.to_string());
-    }
-    in_the_child(&mut command);
-    command.spawn()
-}
-
-/// Between fork and exec: the child gets the signal mask `redguard` started with (it
-/// blocks the signals it handles in all threads but one), and is killed (SIGKILL) when
-/// `redguard` dies, even by SIGKILL: it must not run on without the lock.
-fn in_the_child(command: &mut std::process::Command) {
-    let mask = signals::started_with();
-    // SAFETY: getpid takes nothing and cannot fail.
-    let parent = unsafe { libc::getpid() };
-    // SAFETY: the closure runs in the child between fork and exec, and calls only
-    // async-signal-safe functions (sigprocmask, prctl, getppid, _exit) on values copied
-    // in, allocating nothing.
-    unsafe {
-        command.pre_exec(move || {
-            if let Some(mask) = &mask
-                && libc::sigprocmask(libc::SIG_SETMASK, mask, std::ptr::null_mut()) != 0
-            {
-                return Err(io::Error::last_os_error());
-            }
-            die_with(parent)
-        });
-    }
-}
-
-/// SIGKILL to this process when `parent` (the thread that forked it) ends.
-#[cfg(target_os = "linux")]
-fn die_with(parent: libc::pid_t) -> io::Result<()> {
-    // SAFETY: prctl with these integer arguments and getppid touch no memory; _exit ends
-    // the child at once. All async-signal-safe.
-    unsafe {
-        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // Should `redguard` have died before the prctl, nothing would be sent.
-        if libc::getppid() != parent {
-            libc::_exit(CANNOT_START.into());
-        }
-    }
-    Ok(())
-}
-
-#[cfg(not(target_os = "linux"))]
-fn die_with(_parent: libc::pid_t) -> io::Result<()> {
-    Ok(())
-}
-
-/// The command's status: its exit code, or 128 + the signal that ended it.
-fn exit_code(status: ExitStatus) -> ExitCode {
-    match (status.code(), status.signal()) {
-        (Some(code), _) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
-        (None, Some(signal)) => signal_code(signal),
-        (None, None) => ExitCode::from(1),
-    }
-}
-
-/// The command's status in words, for stderr.
-fn described(status: ExitStatus) -> String {
-    match (status.code(), status.signal()) {
-        (Some(code), _) => format!("exit status {code}"),
-        (None, Some(signal)) => format!("killed by signal {signal}"),
-        (None, None) => "status unknown".into(),
+/// `options` with the wait -n and -w ask for: one wait, with the whole deadline (neither:
+/// as long as it takes).
+pub(crate) fn waiting(options: LockOptions, no_wait: bool, wait: Option<Duration>) -> LockOptions {
+    if no_wait {
+        options.timeout(Duration::ZERO)
+    } else if let Some(wait) = wait {
+        options.timeout(wait)
+    } else {
+        options
     }
 }
 
 /// `hostname:pid`, so that `status` says who holds it.
 fn default_metadata() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+    let host = hostname().unwrap_or_else(|| "unknown".into());
+    format!("{host}:{}", std::process::id())
+}
+
+/// This host's name, if it can be found.
+pub(crate) fn hostname() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
         .or_else(|| std::env::var("HOSTNAME").ok())
-        .unwrap_or_else(|| "unknown".into());
-    format!("{}:{}", host.trim(), std::process::id())
+        .map(|host| host.trim().to_owned())
 }
 
 /// `30s`, `500ms`, `2m`, or a number of seconds.
@@ -362,7 +186,7 @@ pub(crate) fn duration(text: &str) -> Result<Duration, String> {
 }
 
 /// A number of seconds, fractions allowed.
-fn seconds(text: &str) -> Result<Duration, String> {
+pub(crate) fn seconds(text: &str) -> Result<Duration, String> {
     let value: f64 = text
         .parse()
         .map_err(|_| format!("{text:?} is not a number of seconds"))?;

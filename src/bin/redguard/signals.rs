@@ -1,6 +1,7 @@
-//! The signals `redguard run` handles: the ones that end it are passed on to the command's
-//! process group; SIGTSTP stops the group before `redguard` itself; SIGCONT is noted, and
-//! the group is continued only once the hold is seen to be still valid (see `watch`).
+//! The signals `redguard run` and `elect` handle: the ones that end it are passed on to
+//! the command's process group; SIGTSTP stops the group before `redguard` itself; SIGCONT
+//! is noted, and the group is continued only once the hold is seen to be still valid (see
+//! `watch`).
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};

@@ -184,7 +184,7 @@ fn json(key: &str, holders: &[Holder], semaphore: Option<&Semaphore>) -> String 
 }
 
 /// `text` as a JSON string.
-fn quoted(text: &str) -> String {
+pub(crate) fn quoted(text: &str) -> String {
     let mut out = String::from('"');
     for c in text.chars() {
         match c {

@@ -1,0 +1,141 @@
+//! `redguard elect`: campaign in an election, run the command while this candidate leads
+//! (stopped as `run` stops it should the term be lost or not kept), and with `--requeue`
+//! campaign again once it has ended.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Args;
+use redguard::LockOptions;
+
+use crate::child::Program;
+use crate::hold::{Want, acquire};
+use crate::run::{duration, hostname, seconds, waiting};
+use crate::supervise::{Supervised, Supervision, supervise};
+use crate::{CANNOT_START, Connection, fail, failed, signals};
+
+#[derive(Args)]
+pub(crate) struct ElectArgs {
+    #[command(flatten)]
+    connection: Connection,
+    /// What this candidate advertises while it leads, for `leader` to show (default:
+    /// hostname:pid).
+    #[arg(long, value_name = "V")]
+    value: Option<String>,
+    /// How long a term lives without a renewal; it is renewed while the command runs
+    /// (30s, 500ms, 2m, or seconds).
+    #[arg(long, default_value = "30s", value_parser = duration)]
+    ttl: Duration,
+    /// Wait at most this long to lead, in seconds (fractions allowed); default: as long
+    /// as it takes.
+    #[arg(short = 'w', long = "wait", value_name = "SECONDS", value_parser = seconds)]
+    wait: Option<Duration>,
+    /// Do not wait: lead at once or not at all (the same as -w 0).
+    #[arg(short = 'n', long = "no-wait", conflicts_with = "wait")]
+    no_wait: bool,
+    /// The exit status when this candidate did not get to lead.
+    #[arg(short = 'E', long = "conflict-exit-code", default_value_t = 1)]
+    conflict_exit_code: u8,
+    /// Once the command has ended or been stopped, campaign again (for a new term), until
+    /// a signal ends redguard.
+    #[arg(long)]
+    requeue: bool,
+    /// How long after SIGTERM the command's group gets SIGKILL, when the term is lost or
+    /// cannot be kept (cut to a third of --ttl for a stop before the term can run out).
+    #[arg(long = "kill-grace", default_value = "5s", value_parser = duration)]
+    kill_grace: Duration,
+    /// The election.
+    #[arg(value_name = "NAME")]
+    name: String,
+    #[command(flatten)]
+    program: Program,
+}
+
+/// After `elect`'s options in `--help`: what the command is promised, and the exit
+/// statuses.
+pub(crate) const AFTER_HELP: &str = concat!(
+    "\
+Candidates wait in arrival order, in every process. While the command runs, this
+candidate leads: its term is renewed, and the command gets its number as REDGUARD_TERM
+(and REDGUARD_FENCE, the same number), larger than every term before it. Pass it to every
+write that must not come from a stale leader. Should the renewals fail, or the term be
+lost (the election's key deleted or taken over), the command is stopped as `redguard run`
+stops it (see its --help): SIGTERM to its process group, SIGKILL after --kill-grace, or
+before the term can run out; redguard then exits 75. The term is resigned as soon as the
+command ends: the next candidate leads.
+
+With --requeue, redguard campaigns again once the command has ended or been stopped (a
+new term, behind the candidates already waiting), until INT, TERM, HUP or QUIT ends it:
+during the wait (128 + N), or passed on to the command (the command's status). A command
+that cannot be started, a wait that runs out (-n, -w) or Redis unavailable during a wait
+end it too.
+
+Below, \"the lock\" is the term; \"not obtained\" is not leading in time.
+
+",
+    crate::exit_statuses!()
+);
+
+pub(crate) fn elect(args: ElectArgs) -> ExitCode {
+    if let Err(code) = args.program.check() {
+        return code;
+    }
+    if let Err(e) = signals::listen() {
+        return fail(CANNOT_START, &format!("cannot handle signals: {e}"));
+    }
+    let locker = match args.connection.locker(args.ttl) {
+        Ok(locker) => locker,
+        Err(code) => return code,
+    };
+    let election = match locker.election(&args.name) {
+        Ok(election) => election,
+        Err(e) => return failed(&e),
+    };
+    let value = args.value.clone().unwrap_or_else(default_value);
+    let named = format!("election {:?}", args.name);
+    let how = Supervision {
+        named: &named,
+        ttl: args.ttl,
+        kill_grace: args.kill_grace,
+        io_timeout: args.connection.io_timeout,
+    };
+    loop {
+        let options = waiting(
+            LockOptions::default().ttl(args.ttl),
+            args.no_wait,
+            args.wait,
+        );
+        let want = Want::Term(election.clone(), value.clone());
+        let conflict = args.conflict_exit_code;
+        let hold = match acquire(&locker, want, options, args.ttl, conflict, &named) {
+            Ok(hold) => hold,
+            Err(code) => return code,
+        };
+        let term = hold
+            .fence()
+            .map(|term| term.to_string())
+            .unwrap_or_default();
+        let env = [
+            ("REDGUARD_ELECTION", args.name.clone()),
+            ("REDGUARD_TERM", term.clone()),
+            ("REDGUARD_FENCE", term),
+            ("REDGUARD_TTL_MS", args.ttl.as_millis().to_string()),
+        ];
+        match supervise(hold, &args.program, &env, &how) {
+            Supervised::NotStarted(code) => return code,
+            Supervised::Ran(code) if !args.requeue || signals::received().is_some() => {
+                return code;
+            }
+            Supervised::Ran(_) => {}
+        }
+    }
+}
+
+/// `hostname:pid`, or the pid alone when the host has no name that can be found.
+fn default_value() -> String {
+    let pid = std::process::id();
+    match hostname() {
+        Some(host) if !host.is_empty() => format!("{host}:{pid}"),
+        _ => pid.to_string(),
+    }
+}
