@@ -86,6 +86,28 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Elections
+//! [`Locker::election`] gives an [`Election`]: candidates of every process
+//! [`campaign`](Election::campaign), waiting their turn in the server's queue, and at most
+//! one leads at a time, for a lease the refresher keeps. Each [`Leadership`] is a term,
+//! larger than every earlier one, to fence the leader's writes
+//! ([`fenced_set`](Leadership::fenced_set)); [`Election::observe`] follows each change of
+//! leader. See [elections](guide::election).
+//!
+//! ```no_run
+//! # fn main() -> Result<(), redguard::Error> {
+//! let locker = redguard::Locker::connect("redis://127.0.0.1/")?;
+//! let term = locker.election("scheduler")?.campaign("10.0.0.7:8080")?; // waits its turn
+//! while !term.is_lost() {
+//!     if !term.fenced_set("scheduler:cursor", "42")? {
+//!         break; // a later term wrote: step down
+//!     }
+//! #   break;
+//! }
+//! drop(term); // resigns: the next candidate leads
+//! # Ok(()) }
+//! ```
+//!
 //! # Operating it
 //! - [`Locker::holders`] says who holds a key (metadata, TTL, shared or not, fencing
 //!   counter; never a token), for locks, read locks and semaphores alike.
@@ -111,8 +133,9 @@
 //! and tells it with one message, so it wakes holding them. The whole
 //! story is in the [guide]: [semantics](guide::semantics),
 //! [read locks](guide::read_locks), [semaphores](guide::semaphores), [fencing](guide::fencing),
-//! [security](guide::security), [scaling out](guide::scaling_out) (Sentinel and replicas,
-//! Redlock, Cluster), [reliability](guide::reliability) (faults on the wire) and
+//! [elections](guide::election), [security](guide::security),
+//! [scaling out](guide::scaling_out) (Sentinel and replicas, Redlock, Cluster),
+//! [reliability](guide::reliability) (faults on the wire) and
 //! [performance](guide::performance).
 //!
 //! # Defaults and limits
@@ -202,7 +225,7 @@ mod shared; // Shared: what a locker and its guards share (backend, refresher, s
 mod stats; // what a locker counts, through the metrics facade (feature `metrics`)
 mod wait; // waiters woken by releases: the subscriber thread and its board
 
-pub mod guide; // the manual (docs/*.md): semantics, read locks, semaphores, fencing, security, scaling out, reliability, performance, the command
+pub mod guide; // the manual (docs/*.md): semantics, read locks, semaphores, fencing, security, scaling out, reliability, performance, the command, elections
 #[cfg(feature = "testing")]
 pub mod testing; // Server, Replicated: private redis-servers for tests (feature `testing`)
 
