@@ -10,7 +10,7 @@ use crate::cluster_server::RedisCluster;
 use crate::eventually;
 use crate::wake::patient;
 
-fn cluster_locker(cluster: &RedisCluster) -> Locker {
+pub(crate) fn cluster_locker(cluster: &RedisCluster) -> Locker {
     // One seed is enough: the client learns the others from it.
     Locker::builder()
         .pool_size(4)
@@ -19,7 +19,7 @@ fn cluster_locker(cluster: &RedisCluster) -> Locker {
 }
 
 /// The value of `key` on the master that serves it (asked there directly).
-fn stored(cluster: &RedisCluster, key: &str) -> Option<String> {
+pub(crate) fn stored(cluster: &RedisCluster, key: &str) -> Option<String> {
     let owner = cluster.owner_of(RedisCluster::slot(key));
     cluster.query(owner, redis::cmd("GET").arg(key))
 }

@@ -16,7 +16,7 @@ fn start(replicas: usize, sentinels: usize) -> Replicated {
 }
 
 /// A locker on the group's sentinels, with short bounds.
-fn sentinel_locker(group: &Replicated) -> Locker {
+pub(crate) fn sentinel_locker(group: &Replicated) -> Locker {
     Locker::builder()
         .pool_size(4)
         .connect_timeout(Duration::from_millis(500))
@@ -29,7 +29,7 @@ fn sentinel_locker(group: &Replicated) -> Locker {
 }
 
 /// What `server` stores at `key`, asked behind the locker's back.
-fn stored(group: &Replicated, server: &Server, key: &str) -> Option<String> {
+pub(crate) fn stored(group: &Replicated, server: &Server, key: &str) -> Option<String> {
     let client = redis::Client::open(group.url_of(server)).unwrap();
     let mut con = client
         .get_connection_with_timeout(Duration::from_secs(1))
