@@ -52,8 +52,8 @@ impl LockGuard {
         self.holding.held().fences.first().copied()
     }
 
-    /// Writes `value` at `key` (a plain string other clients can GET; after the locker's
-    /// prefix) unless a larger fencing token than this lock's [`fence`](Self::fence) has
+    /// Writes `value` at `key` (a plain string other clients can GET, its TTL if any
+    /// kept; after the locker's prefix) unless a larger fencing token than this lock's [`fence`](Self::fence) has
     /// written it: `Ok(false)` then, and nothing is changed. The largest token that wrote
     /// `key` is kept beside it (`redguard:fenced:{<key>}`, in its Cluster slot, no TTL).
     /// It checks only the tokens, not the lease: a holder that stalled past its TTL still
@@ -72,7 +72,8 @@ impl LockGuard {
     ///
     /// # Errors
     /// [`Error::InvalidInput`](crate::Error::InvalidInput) for a lock taken without
-    /// fencing, or an empty key; [`Error::WrongType`](crate::Error::WrongType) when `key`
+    /// fencing, an empty key, or on a cluster a key whose record could not share its slot
+    /// (a `}` without a hash tag); [`Error::WrongType`](crate::Error::WrongType) when `key`
     /// holds another type (it is left untouched); [`Error::Redis`](crate::Error::Redis) or
     /// [`Error::Pool`](crate::Error::Pool) when Redis cannot be asked.
     pub fn fenced_set(&self, key: &str, value: &str) -> Result<bool> {

@@ -152,8 +152,8 @@ impl Leadership {
         }
     }
 
-    /// Writes `value` at `key` (a plain string other clients can GET; after the locker's
-    /// prefix) unless a later term has written it: `Ok(false)` then, and nothing is
+    /// Writes `value` at `key` (a plain string other clients can GET, its TTL if any
+    /// kept; after the locker's prefix) unless a later term has written it: `Ok(false)` then, and nothing is
     /// changed. One script: a stale leader that wakes from a pause after its successor
     /// wrote can never overwrite it. The largest term that wrote `key` is kept beside it
     /// (`redguard:fenced:{<key>}`, in its Cluster slot, no TTL); a key written only by
@@ -161,7 +161,8 @@ impl Leadership {
     /// check [`is_lost`](Self::is_lost) first, and let this refuse what slips past.
     ///
     /// # Errors
-    /// [`Error::InvalidInput`] for an empty key; [`Error::WrongType`] when `key` holds
+    /// [`Error::InvalidInput`] for an empty key, or on a cluster a key whose record could
+    /// not share its slot (a `}` without a hash tag); [`Error::WrongType`] when `key` holds
     /// another type (left untouched); [`Error::Redis`] or [`Error::Pool`] when Redis
     /// cannot be asked.
     pub fn fenced_set(&self, key: &str, value: &str) -> Result<bool> {

@@ -11,7 +11,7 @@ mod observer;
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub use leadership::Leadership;
 pub use observer::Observer;
@@ -28,7 +28,7 @@ use crate::{Error, LockOptions, Result};
 /// A cheap `Clone` (an `Arc` inside), `Send + Sync`.
 ///
 /// ```no_run
-/// use std::time::Duration;
+/// use std::time::{Duration, Instant};
 /// use redguard::{LockOptions, Locker};
 ///
 /// # fn main() -> Result<(), redguard::Error> {
@@ -108,7 +108,9 @@ impl Election {
     ///
     /// # Errors
     /// [`Error::Redis`] or [`Error::Pool`] when Redis cannot be asked (at once, not
-    /// retried); [`Error::WrongType`] when one of the election's keys holds another type.
+    /// retried); [`Error::WrongType`] when one of the election's keys holds another type;
+    /// [`Error::Refresher`] when the refresher thread could not be started (nothing is
+    /// held then).
     pub fn campaign(&self, value: &str) -> Result<Leadership> {
         self.campaign_with(value, LockOptions::default())
     }
@@ -122,15 +124,32 @@ impl Election {
     ///
     /// # Errors
     /// As [`campaign`](Self::campaign); [`Error::NotObtained`] when the timeout or retries
-    /// ran out; [`Error::InvalidInput`] for a fixed [`token`](LockOptions::token) (a term
+    /// ran out; [`Error::NotReplicated`] when fewer replicas than
+    /// [`replicas(n)`](LockOptions::replicas) acknowledged the term (it was given up);
+    /// [`Error::InvalidInput`] for a fixed [`token`](LockOptions::token) (a term
     /// must be new, and a fixed owner re-obtains its old one) or
     /// [`metadata`](LockOptions::metadata) (the value takes its place).
     pub fn campaign_with(&self, value: &str, options: LockOptions) -> Result<Leadership> {
-        let options = self.checked(value, options)?;
-        let holding = obtain(&self.inner.shared, self.request(), options, || {
-            Error::NotObtained
-        })?;
-        Leadership::new(self.clone(), holding)
+        let mut options = self.checked(value, options)?;
+        let deadline = options.timeout.and_then(|t| Instant::now().checked_add(t));
+        loop {
+            let holding = obtain(&self.inner.shared, self.request(), options.clone(), || {
+                Error::NotObtained
+            })?;
+            match Leadership::new(self.clone(), holding) {
+                // A term handed over that ran out before it could be lengthened: this
+                // candidate waits again, for a new term, as long as its timeout allows.
+                Err(Error::LockLost) => {}
+                leadership => return leadership,
+            }
+            if let Some(deadline) = deadline {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(Error::NotObtained);
+                }
+                options = options.timeout(left);
+            }
+        }
     }
 
     /// One attempt to lead, taking no place among the waiting candidates: `None` when

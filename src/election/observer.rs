@@ -27,6 +27,9 @@ pub struct Observer {
     yielded: Option<Option<Leader>>,
     /// The largest term yielded: an older one is never yielded after it.
     highest: u64,
+    /// When a read failed last (cleared by the next read): the next waits [`REREAD`]
+    /// after it, so that a caller who carries on after errors does not hammer Redis.
+    failed_at: Option<Instant>,
 }
 
 impl Observer {
@@ -35,13 +38,28 @@ impl Observer {
             election,
             yielded: None,
             highest: 0,
+            failed_at: None,
         }
     }
 
     /// The next change, waiting at most `wait`: `None` when nothing changed meanwhile.
     /// The first call yields the leader as it is (or `None` inside `Some` for no leader).
+    /// An error when the election could not be read; the next call then reads again only a
+    /// second after it (a loop that carries on after errors does not hammer Redis).
     pub fn next_timeout(&mut self, wait: Duration) -> Option<Result<Option<Leader>>> {
         let deadline = later(Instant::now(), wait);
+        if let Some(failed_at) = self.failed_at {
+            let resume = failed_at + REREAD;
+            std::thread::sleep(
+                resume
+                    .min(deadline)
+                    .saturating_duration_since(Instant::now()),
+            );
+            if deadline < resume {
+                return None;
+            }
+            self.failed_at = None;
+        }
         let election = self.election.clone();
         let subscriber = &election.shared().subscriber;
         let lock = std::slice::from_ref(&election.keys()[0]);
@@ -50,7 +68,10 @@ impl Observer {
             let seen = subscriber.seen(lock);
             let leader = match election.leader() {
                 Ok(leader) => leader,
-                Err(e) => return Some(Err(e)),
+                Err(e) => {
+                    self.failed_at = Some(Instant::now());
+                    return Some(Err(e));
+                }
             };
             // The next read: at this leader's expiry (plus a little, for our clock), at
             // least every REREAD, and never past the caller's deadline.

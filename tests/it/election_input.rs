@@ -246,6 +246,35 @@ fn a_later_lock_holders_fenced_write_refuses_the_earlier_holders() {
     );
     assert!(early.fenced_set("other", "early").unwrap());
     assert_eq!(server.query::<String>(&["GET", "other"]), "early");
+
+    // A fenced write keeps the key's TTL.
+    server.query::<()>(&["PEXPIRE", "out", "100000"]);
+    assert!(late.fenced_set("out", "later").unwrap());
+    assert!(
+        server.query::<i64>(&["PTTL", "out"]) > 90_000,
+        "the TTL was kept"
+    );
+}
+
+/// An observer whose reads fail yields each error, but reads again only a second after
+/// it: a loop that logs errors and carries on does not hammer a server that is down.
+#[test]
+fn an_observer_that_cannot_read_does_not_spin() {
+    let mut server = RedisServer::start();
+    let locker = crate::tight().build(server.url()).unwrap();
+    let mut observer = locker.election("e").unwrap().observe().unwrap();
+    assert_eq!(observer.next().unwrap().unwrap(), None);
+    server.kill();
+    let started = Instant::now();
+    let mut errors = 0;
+    while started.elapsed() < Duration::from_millis(2500) {
+        match observer.next_timeout(Duration::from_millis(100)) {
+            Some(Err(_)) => errors += 1,
+            None => {}
+            Some(Ok(change)) => panic!("a change from a dead server: {change:?}"),
+        }
+    }
+    assert!((1..=4).contains(&errors), "{errors} errors in 2.5 s");
 }
 
 /// Under a locker's prefix every key of the election (and of its fenced writes) is the

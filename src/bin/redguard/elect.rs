@@ -3,16 +3,19 @@
 //! campaign again once it has ended.
 
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use clap::Args;
 use redguard::LockOptions;
 
 use crate::child::Program;
 use crate::hold::{Want, acquire};
-use crate::run::{duration, hostname, seconds, waiting};
+use crate::run::{default_metadata, duration, seconds, waiting};
 use crate::supervise::{Supervised, Supervision, supervise};
 use crate::{CANNOT_START, Connection, fail, failed, signals};
+
+/// The shortest time between two campaigns of `--requeue`.
+const REQUEUE_PACE: Duration = Duration::from_secs(1);
 
 #[derive(Args)]
 pub(crate) struct ElectArgs {
@@ -61,11 +64,13 @@ candidate leads: its term is renewed, and the command gets its number as REDGUAR
 write that must not come from a stale leader. Should the renewals fail, or the term be
 lost (the election's key deleted or taken over), the command is stopped as `redguard run`
 stops it (see its --help): SIGTERM to its process group, SIGKILL after --kill-grace, or
-before the term can run out; redguard then exits 75. The term is resigned as soon as the
-command ends: the next candidate leads.
+before the term can run out; redguard then exits 75 (with --requeue, it campaigns
+again). The term is resigned as soon as the command ends: the next candidate leads. The
+command also gets REDGUARD_ELECTION (NAME) and REDGUARD_TTL_MS (--ttl).
 
 With --requeue, redguard campaigns again once the command has ended or been stopped (a
-new term, behind the candidates already waiting), until INT, TERM, HUP or QUIT ends it:
+new term, behind the candidates already waiting; at most one a second, should the
+command end at once), until INT, TERM, HUP or QUIT ends it:
 during the wait (128 + N), or passed on to the command (the command's status). A command
 that cannot be started, a wait that runs out (-n, -w) or Redis unavailable during a wait
 end it too.
@@ -91,7 +96,7 @@ pub(crate) fn elect(args: ElectArgs) -> ExitCode {
         Ok(election) => election,
         Err(e) => return failed(&e),
     };
-    let value = args.value.clone().unwrap_or_else(default_value);
+    let value = args.value.clone().unwrap_or_else(default_metadata);
     let named = format!("election {:?}", args.name);
     let how = Supervision {
         named: &named,
@@ -107,6 +112,7 @@ pub(crate) fn elect(args: ElectArgs) -> ExitCode {
         );
         let want = Want::Term(election.clone(), value.clone());
         let conflict = args.conflict_exit_code;
+        let campaigned = Instant::now();
         let hold = match acquire(&locker, want, options, args.ttl, conflict, &named) {
             Ok(hold) => hold,
             Err(code) => return code,
@@ -126,16 +132,17 @@ pub(crate) fn elect(args: ElectArgs) -> ExitCode {
             Supervised::Ran(code) if !args.requeue || signals::received().is_some() => {
                 return code;
             }
-            Supervised::Ran(_) => {}
+            Supervised::Ran(_) => pace(campaigned),
         }
     }
 }
 
-/// `hostname:pid`, or the pid alone when the host has no name that can be found.
-fn default_value() -> String {
-    let pid = std::process::id();
-    match hostname() {
-        Some(host) if !host.is_empty() => format!("{host}:{pid}"),
-        _ => pid.to_string(),
+/// With --requeue, at most one campaign every [`REQUEUE_PACE`]: a command that ends at
+/// once (a bad configuration) is not run, nor a term minted, in a tight loop. A signal
+/// ends the pause (the next wait then ends with it).
+fn pace(campaigned: Instant) {
+    let until = campaigned + REQUEUE_PACE;
+    while Instant::now() < until && signals::received().is_none() {
+        std::thread::sleep(Duration::from_millis(20));
     }
 }

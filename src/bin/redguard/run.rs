@@ -158,7 +158,7 @@ pub(crate) fn waiting(options: LockOptions, no_wait: bool, wait: Option<Duration
 }
 
 /// `hostname:pid`, so that `status` says who holds it.
-fn default_metadata() -> String {
+pub(crate) fn default_metadata() -> String {
     let host = hostname().unwrap_or_else(|| "unknown".into());
     format!("{host}:{}", std::process::id())
 }
