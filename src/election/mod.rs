@@ -22,6 +22,10 @@ use crate::options::at_most_once;
 use crate::shared::Shared;
 use crate::{Error, LockOptions, Result};
 
+/// How often a campaign waits again when its term was gone before it could be
+/// lengthened (see [`Election::campaign_with`]).
+const CAMPAIGNS_AFTER_A_LOSS: u32 = 3;
+
 /// An election among candidates of every process: at most one leads at a time, for a
 /// lease its refresher keeps alive, and each leader's term is larger than every term
 /// before it. Made by [`Locker::election`](crate::Locker::election), without a round trip.
@@ -124,7 +128,8 @@ impl Election {
     ///
     /// # Errors
     /// As [`campaign`](Self::campaign); [`Error::NotObtained`] when the timeout or retries
-    /// ran out; [`Error::NotReplicated`] when fewer replicas than
+    /// ran out; [`Error::LockLost`] when a term handed over ran out before it could be
+    /// lengthened, again and again (a TTL of a few ms); [`Error::NotReplicated`] when fewer replicas than
     /// [`replicas(n)`](LockOptions::replicas) acknowledged the term (it was given up);
     /// [`Error::InvalidInput`] for a fixed [`token`](LockOptions::token) (a term
     /// must be new, and a fixed owner re-obtains its old one) or
@@ -132,14 +137,16 @@ impl Election {
     pub fn campaign_with(&self, value: &str, options: LockOptions) -> Result<Leadership> {
         let mut options = self.checked(value, options)?;
         let deadline = options.timeout.and_then(|t| Instant::now().checked_add(t));
+        let mut again = 0;
         loop {
             let holding = obtain(&self.inner.shared, self.request(), options.clone(), || {
                 Error::NotObtained
             })?;
             match Leadership::new(self.clone(), holding) {
                 // A term handed over that ran out before it could be lengthened: this
-                // candidate waits again, for a new term, as long as its timeout allows.
-                Err(Error::LockLost) => {}
+                // candidate waits again, for a new term, as long as its timeout allows
+                // (and a few times at most: a TTL of a few ms may never last that long).
+                Err(Error::LockLost) if again < CAMPAIGNS_AFTER_A_LOSS => {}
                 leadership => return leadership,
             }
             if let Some(deadline) = deadline {
@@ -149,6 +156,7 @@ impl Election {
                 }
                 options = options.timeout(left);
             }
+            again += 1;
         }
     }
 

@@ -321,3 +321,26 @@ fn an_election_under_a_prefix_keeps_its_keys_there_and_reads_its_own_term() {
     let keys = server.all_keys();
     assert!(keys.iter().all(|key| key.starts_with("app:")), "{keys:?}");
 }
+
+/// A campaign with a lease of a millisecond or two ends (a term, or `LockLost` when every
+/// term it got ran out before it could be used), and never waits for ever.
+#[test]
+fn a_campaign_with_a_tiny_ttl_ends() {
+    let server = RedisServer::start();
+    let election = locker(&server).election("e").unwrap();
+    let (sender, receiver) = std::sync::mpsc::channel();
+    thread::spawn(move || {
+        for ms in [1, 2, 3] {
+            let options = LockOptions::default().ttl(Duration::from_millis(ms));
+            let ended = match election.campaign_with("v", options) {
+                Ok(term) => term.term() > 0,
+                Err(e) => matches!(e, Error::LockLost),
+            };
+            sender.send(ended).unwrap();
+        }
+    });
+    for _ in 0..3 {
+        let ended = receiver.recv_timeout(Duration::from_secs(10));
+        assert_eq!(ended, Ok(true), "a term or LockLost, within 10 s");
+    }
+}
