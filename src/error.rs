@@ -15,6 +15,7 @@ use std::fmt;
 /// | `WrongType { key, kind }` | a key holds a list, hash, ...; it was left untouched | use another key |
 /// | `Redis(..)`, `Pool(..)` | Redis could not be asked (down, frozen, timed out) or refused | check the server |
 /// | `NotReplicated { acknowledged, wanted }` | too few replicas acknowledged the hold in time; what was taken was given up | check the replicas; try later |
+/// | `Cancelled` | the wait was cancelled, or its locker closed; nothing is held | stop, or wait again with another `Cancel` |
 /// | `Random(..)`, `Refresher(..)` | the OS could not give random bytes or a thread | rare; check the host |
 #[derive(Debug)]
 #[non_exhaustive]
@@ -59,6 +60,10 @@ pub enum Error {
         /// How many were asked for.
         wanted: u32,
     },
+    /// The wait was ended by [`Cancel::cancel`](crate::Cancel::cancel) or
+    /// [`Locker::close`](crate::Locker::close): nothing is held by it, and it left
+    /// nothing behind.
+    Cancelled,
 }
 
 impl fmt::Display for Error {
@@ -99,6 +104,9 @@ impl fmt::Display for Error {
             Error::Refresher(_) => f.write_str(
                 "could not start the refresher thread, so the lock was released \
                  (lock with auto_refresh(false), or free some threads)",
+            ),
+            Error::Cancelled => f.write_str(
+                "the wait was cancelled (Cancel::cancel, or Locker::close): nothing is held",
             ),
         }
     }

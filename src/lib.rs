@@ -206,6 +206,7 @@
 
 // The public primitives and their options.
 mod builder; // LockerBuilder: pool, timeouts, prefix, TLS; builds on one server, Redlock, Cluster
+mod cancel; // Cancel: ends waits from another thread
 mod election; // Election, Leadership, Observer, Leader: campaign for a term, who leads, each change
 mod error; // Error: held elsewhere, lost, bad input, wrong type, Redis unavailable
 mod guard; // LockGuard: a held lock; refresh, ttl, release, released on drop
@@ -231,6 +232,7 @@ pub mod testing; // Server, Replicated: private redis-servers for tests (feature
 
 pub use backend::SocketTimeouts;
 pub use builder::LockerBuilder;
+pub use cancel::Cancel;
 pub use election::{Election, Leader, Leadership, Observer};
 pub use error::{Error, Result};
 pub use guard::LockGuard;

@@ -1,7 +1,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use crate::{Error, Result, Retry};
+use crate::{Cancel, Error, Result, Retry};
 
 /// The longest TTL, 2^52 ms (about 142,700 years); a longer one is an
 /// [`Error::InvalidInput`]. The scripts count in Lua numbers (doubles), which are exact
@@ -39,6 +39,9 @@ pub struct LockOptions {
     pub(crate) fencing: bool,
     pub(crate) across_slots: bool,
     pub(crate) replicas: u32,
+    pub(crate) hold_at_least: Option<Duration>,
+    pub(crate) max_hold: Option<Duration>,
+    pub(crate) cancel: Option<Cancel>,
 }
 
 impl Default for LockOptions {
@@ -53,6 +56,9 @@ impl Default for LockOptions {
             fencing: false,
             across_slots: false,
             replicas: 0,
+            hold_at_least: None,
+            max_hold: None,
+            cancel: None,
         }
     }
 }
@@ -193,6 +199,42 @@ impl LockOptions {
     /// ```
     pub fn replicas(mut self, n: u32) -> Self {
         self.replicas = n;
+        self
+    }
+
+    /// Held for at least `d` from when it was obtained: a release (or drop) before then
+    /// leaves the keys held until `d` has passed (their TTL shortened to what is left of
+    /// `d`, nothing deleted) and returns `Ok`; waiters get them then. For a job that must
+    /// run once per period whichever host starts it: hosts that start a little late find
+    /// the lock still held. For locks, read locks and permits.
+    ///
+    /// Defaults to none: a release gives the hold up at once.
+    pub fn hold_at_least(mut self, d: Duration) -> Self {
+        self.hold_at_least = Some(d);
+        self
+    }
+
+    /// Held for at most `d` from when it was obtained: the refresher never extends the
+    /// hold past that, and once it runs out the hold is lost ([`is_lost`], the locker's
+    /// [`on_lost`], the loss warning), even though this process is alive: a hung holder
+    /// does not keep it for ever. For every primitive, an election's term included.
+    ///
+    /// [`is_lost`]: crate::LockGuard::is_lost
+    /// [`on_lost`]: crate::LockerBuilder::on_lost
+    ///
+    /// Defaults to none: refreshed for as long as the guard lives.
+    pub fn max_hold(mut self, d: Duration) -> Self {
+        self.max_hold = Some(d);
+        self
+    }
+
+    /// Ends the wait when `cancel` is cancelled, from any thread: the call returns
+    /// [`Error::Cancelled`] within about 50 ms and leaves nothing behind (see [`Cancel`]).
+    ///
+    /// Defaults to none: only the timeout and retries end a wait (and
+    /// [`Locker::close`](crate::Locker::close)).
+    pub fn cancel(mut self, cancel: &Cancel) -> Self {
+        self.cancel = Some(cancel.clone());
         self
     }
 }
