@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
+use super::Lease;
 use crate::backend::Replicas;
 use crate::wait::{Letter, Mailbox};
 
@@ -61,6 +62,8 @@ pub(crate) struct Held {
     pub(crate) entry_of: Option<usize>,
     /// For an entry: where its waiter hears that the entry is gone.
     mailbox: Option<Arc<Mailbox>>,
+    /// How long a release keeps it at least, and the refresher at most.
+    pub(crate) lease: Lease,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -166,6 +169,7 @@ impl Held {
             replicas: None,
             entry_of: None,
             mailbox: None,
+            lease: Lease::default(),
         }
     }
 
@@ -200,7 +204,14 @@ impl Held {
             self.fences.clone(),
             timing,
         );
-        held.named(self.names.clone()).replicated(self.replicas)
+        let held = held.named(self.names.clone()).replicated(self.replicas);
+        held.leased(self.lease)
+    }
+
+    /// Held as `lease` says: at least, and at most, so long.
+    pub(crate) fn leased(mut self, lease: Lease) -> Held {
+        self.lease = lease;
+        self
     }
 
     /// Refreshed only once `replicas` acknowledge it.

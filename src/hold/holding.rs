@@ -109,6 +109,14 @@ impl Holding {
     fn refresh_in_turn(&self, ttl_ms: u64) -> Result<()> {
         // From now on the refresher uses the new TTL too.
         self.held.set_ttl(ttl_ms);
+        // Never past the longest hold: past it, nothing is left to refresh.
+        let ttl_ms = match self.held.lease.capped_ms(ttl_ms, Instant::now()) {
+            0 => {
+                self.held.mark_lost();
+                return Err(Error::LockLost);
+            }
+            capped => capped,
+        };
         let hold = Refresh {
             kind: self.held.kind,
             entry_of: None,
@@ -256,7 +264,53 @@ impl Holding {
                 self.shared.refresher.tell_lost(Arc::clone(&self.held));
             }
         }
+        if !known_lost && let Some(kept_ms) = self.kept_after_release() {
+            return self.keep_for(kept_ms);
+        }
         Ok(self.release_for_real()? && !known_lost)
+    }
+
+    /// For a hold with [`hold_at_least`](crate::LockOptions::hold_at_least) given up
+    /// before that time: how long (ms) it stays held still (no longer than it would have by
+    /// its own TTL). `None` when it may go now.
+    fn kept_after_release(&self) -> Option<u64> {
+        let now = Instant::now();
+        let kept = self.held.lease.kept_after_release(now)?;
+        let own = self
+            .held
+            .timing()
+            .expires_at()
+            .saturating_duration_since(now);
+        let kept = kept.min(u64::try_from(own.as_millis()).unwrap_or(u64::MAX));
+        (kept >= 1).then_some(kept)
+    }
+
+    /// Leaves the hold to expire in `kept_ms` instead of giving it up: `false` when it was
+    /// not held any more. Threads of this locker that wait for its release ask for
+    /// themselves (they queue, and are served when it expires).
+    fn keep_for(&self, kept_ms: u64) -> Result<bool> {
+        for pending in self.take_joins() {
+            pending.joined(None);
+        }
+        // After a refresher's refresh in flight, so that the shorter TTL is the last set.
+        if !self.held.wait_refresh_turn() {
+            return Ok(false);
+        }
+        let hold = Refresh {
+            kind: self.held.kind,
+            entry_of: None,
+            keys: &self.held.keys,
+            value: &self.held.value,
+            ttl_ms: kept_ms,
+            replicas: None,
+        };
+        let kept = self.shared.backend.refresh(std::slice::from_ref(&hold));
+        self.held.end_refresh_turn();
+        match kept?[..] {
+            [Refreshed::Held { .. }] => Ok(true),
+            [Refreshed::Lost] => Ok(false),
+            _ => Err(Error::Redis(self.shared.backend.undecided())),
+        }
     }
 
     /// The release script of the hold's kind, which gives the keys to the waiters first

@@ -7,6 +7,7 @@
 
 mod held;
 mod holding;
+mod lease;
 mod obtain;
 mod place;
 mod plan;
@@ -15,6 +16,7 @@ mod token;
 
 pub(crate) use held::{Held, Kind, Timing, drift_ms, later};
 pub(crate) use holding::Holding;
+pub(crate) use lease::Lease;
 pub(crate) use obtain::obtain;
 pub(crate) use plan::Request;
 pub(crate) use refresher::Refresher;

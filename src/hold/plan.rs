@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::place::{Place, Waiter, millis};
-use super::{Held, Holding, Kind, Timing, owner_part, random_token};
+use super::{Held, Holding, Kind, Lease, Timing, owner_part, random_token};
 use crate::backend::{Acquired, Attempt, Queue, Refresh, Refreshed, Replicas};
 use crate::options::{checked_token, checked_ttl};
 use crate::shared::Shared;
@@ -32,6 +32,9 @@ pub(super) struct Plan<'a> {
     pub(super) value: String,
     pub(super) token_at: std::ops::Range<usize>,
     pub(super) ttl_ms: u64,
+    /// [`LockOptions::hold_at_least`] and [`LockOptions::max_hold`].
+    at_least: Option<Duration>,
+    at_most: Option<Duration>,
     pub(super) fencing: bool,
     pub(super) fixed_token: bool,
     pub(super) replicas: Option<Replicas>,
@@ -57,6 +60,11 @@ impl<'a> Plan<'a> {
     ) -> Result<Plan<'a>> {
         let Request { kind, keys, names } = request;
         let ttl_ms = checked_ttl(options.ttl.unwrap_or(shared.default_ttl))?;
+        // No TTL, the first one included, may outlast the longest hold.
+        let ttl_ms = match options.max_hold {
+            Some(at_most) => ttl_ms.min(checked_lease(at_most, options.hold_at_least)?),
+            None => ttl_ms,
+        };
         let prefix = shared.prefix.as_str();
         shared
             .backend
@@ -84,6 +92,8 @@ impl<'a> Plan<'a> {
             value: owner + &options.metadata,
             token_at,
             ttl_ms,
+            at_least: options.hold_at_least,
+            at_most: options.max_hold,
             fencing: options.fencing,
             fixed_token: options.token.is_some(),
             replicas,
@@ -230,8 +240,14 @@ impl<'a> Plan<'a> {
         let (kind, ttl_ms, replicas) = (self.kind, self.ttl_ms, self.replicas);
         // A random token of this attempt's own has the same place in the value.
         let value = value.unwrap_or(self.value);
+        let lease = Lease::new(
+            self.at_least,
+            self.at_most,
+            timing.sent_at(),
+            Instant::now(),
+        );
         let held = Held::new(kind, self.keys, value, self.token_at, fences, timing);
-        let held = held.named(self.names).replicated(replicas);
+        let held = held.named(self.names).replicated(replicas).leased(lease);
         let holding = Holding::new(Arc::clone(self.shared), held, auto_refresh, counted)?;
         if handed && (!auto_refresh || replicas.is_some()) {
             holding.refresh(Duration::from_millis(ttl_ms))?;
@@ -292,4 +308,20 @@ pub(super) struct Taken {
     pub(super) handed: bool,
     /// Counted among the locker's locks of its keys already (see `wait::Pending`).
     pub(super) counted: bool,
+}
+
+/// The longest hold in ms (at least 1 ms, at most [`MAX_TTL`](crate::MAX_TTL)), checked
+/// against the shortest.
+fn checked_lease(at_most: Duration, at_least: Option<Duration>) -> Result<u64> {
+    if at_least.is_some_and(|at_least| at_least > at_most) {
+        return Err(Error::InvalidInput(format!(
+            "hold_at_least ({:?}) is longer than max_hold ({at_most:?})",
+            at_least.unwrap_or_default()
+        )));
+    }
+    checked_ttl(at_most).map_err(|_| {
+        Error::InvalidInput(format!(
+            "max_hold of {at_most:?}: it must be 1 ms to MAX_TTL (whole milliseconds)"
+        ))
+    })
 }

@@ -50,6 +50,11 @@ struct Entry {
     retry_at: Option<Instant>,
     /// Round trips failed in a row.
     failures: u32,
+    /// Its last refresh reached the longest hold ([`LockOptions::max_hold`]): it is due
+    /// no more, only to be found lost when it runs out.
+    ///
+    /// [`LockOptions::max_hold`]: crate::LockOptions::max_hold
+    at_most: bool,
 }
 
 impl Entry {
@@ -58,6 +63,7 @@ impl Entry {
             held,
             retry_at: None,
             failures: 0,
+            at_most: false,
         }
     }
 
@@ -66,6 +72,7 @@ impl Entry {
     fn due(&self) -> (Instant, Duration) {
         match self.retry_at {
             Some(at) => (at, Duration::ZERO),
+            None if self.at_most => (self.held.timing().expires_at(), Duration::ZERO),
             None => {
                 let timing = self.held.timing();
                 (
@@ -79,6 +86,12 @@ impl Entry {
     fn succeeded(&mut self) {
         self.retry_at = None;
         self.failures = 0;
+    }
+
+    /// After a refresh that succeeded with `ttl` where `wanted` was asked for.
+    fn refreshed(&mut self, ttl: u64, wanted: u64) {
+        self.succeeded();
+        self.at_most = ttl < wanted;
     }
 
     /// Backs off after a failure: a tenth of the TTL (10 ms to 1 s), doubling each time,
@@ -297,7 +310,14 @@ impl Schedule {
 /// refreshed by hand is left out, and its owner wakes the thread when done), then the
 /// bookkeeping, without holding the schedule's lock across the I/O.
 fn refresh(state: &State, backend: &Backend, batch: &[Arc<Held>], on_lost: Option<&OnLost>) {
-    let ttls: Vec<u64> = batch.iter().map(|held| held.timing().ttl_ms).collect();
+    // Each capped by what is left of its longest hold (see `Lease`).
+    let now = Instant::now();
+    let wanted: Vec<u64> = batch.iter().map(|held| held.timing().ttl_ms).collect();
+    let ttls: Vec<u64> = batch
+        .iter()
+        .zip(&wanted)
+        .map(|(held, &ttl)| held.lease.capped_ms(ttl, now).max(1))
+        .collect();
     let locks: Vec<Refresh<'_>> = batch
         .iter()
         .zip(&ttls)
@@ -328,7 +348,7 @@ fn refresh(state: &State, backend: &Backend, batch: &[Arc<Held>], on_lost: Optio
     let mut schedule = state.schedule.lock();
     let now = Instant::now();
     let (mut kept, mut unknown) = (0, 0);
-    for ((held, &ttl), outcome) in batch.iter().zip(&ttls).zip(outcomes) {
+    for (((held, &ttl), &wanted), outcome) in batch.iter().zip(&ttls).zip(&wanted).zip(outcomes) {
         match outcome {
             // Given up by its owner while this refresh was in flight: whatever it found
             // is that release, never a loss (and the entry is gone already).
@@ -337,7 +357,7 @@ fn refresh(state: &State, backend: &Backend, batch: &[Arc<Held>], on_lost: Optio
                 kept += 1;
                 held.refreshed(sent_at, ttl);
                 if let Some(entry) = schedule.entries.get_mut(&held.id) {
-                    entry.succeeded();
+                    entry.refreshed(ttl, wanted);
                 }
             }
             Refreshed::Lost => {

@@ -16,6 +16,7 @@ mod faults;
 mod fencing;
 mod holders;
 mod input;
+mod lease;
 mod lock;
 mod lost;
 mod order;

@@ -39,6 +39,15 @@ pub(crate) struct RunArgs {
     /// Take fencing tokens; the first key's is given to the command as REDGUARD_FENCE.
     #[arg(long)]
     fencing: bool,
+    /// Hold the lock at least this long from when it was taken, also when the command
+    /// ends sooner (its TTL is then shortened to what is left): cron on several hosts runs
+    /// the job once per period (e.g. -n --at-least 50s for a job every minute).
+    #[arg(long = "at-least", value_name = "DURATION", value_parser = duration)]
+    at_least: Option<Duration>,
+    /// Hold the lock at most this long: then it is given up as if lost, and the command
+    /// stopped as on a loss (exit 75), even if it is merely slow.
+    #[arg(long = "max-hold", value_name = "DURATION", value_parser = duration)]
+    max_hold: Option<Duration>,
     /// Stored with the lock, for `status` to show (default: hostname:pid).
     #[arg(long)]
     metadata: Option<String>,
@@ -128,10 +137,16 @@ pub(crate) fn run(args: RunArgs) -> ExitCode {
 /// What to take, and how.
 fn want(locker: &Locker, args: &RunArgs) -> Result<(Want, LockOptions), ExitCode> {
     let metadata = args.metadata.clone().unwrap_or_else(default_metadata);
-    let options = LockOptions::default()
+    let mut options = LockOptions::default()
         .ttl(args.ttl)
         .metadata(metadata)
         .fencing(args.fencing);
+    if let Some(at_least) = args.at_least {
+        options = options.hold_at_least(at_least);
+    }
+    if let Some(max_hold) = args.max_hold {
+        options = options.max_hold(max_hold);
+    }
     let options = waiting(options, args.no_wait, args.wait);
     let want = match args.permits {
         Some(permits) => Want::Permit(
