@@ -1,8 +1,10 @@
 use std::fmt;
 use std::sync::{Arc, Weak};
+use std::time::Instant;
 
 use redis::{Client, IntoConnectionInfo};
 
+use crate::backend::Force;
 use crate::hold::{Kind, Request, obtain};
 use crate::options::{at_most_once, checked_keys};
 use crate::shared::Shared;
@@ -186,6 +188,65 @@ impl Locker {
     /// brace).
     pub fn election(&self, name: &str) -> Result<Election> {
         Election::new(Arc::clone(&self.shared), name)
+    }
+
+    /// Break-glass, for an operator: removes the lock on `keys`, or every reader of a read
+    /// lock, **whoever holds it**, and gives the keys to the waiters first in their queues
+    /// as a release does (the first in line gets them at once; with fencing, a token higher
+    /// than the removed holder's: the counters are never deleted). `true` when a live hold
+    /// was removed, `false` when nothing held the keys. All the keys or none, in one
+    /// script; like [`holders`](Self::holders), it takes the caller's key names.
+    ///
+    /// # Danger
+    /// The holder is neither asked nor told. If it still runs, it goes on believing it
+    /// holds the lock until its next refresh (at about a third of its TTL; without
+    /// auto-refresh, its own `refresh`, `ttl` or `release`, or its TTL running out) finds
+    /// the keys gone and marks its guard lost ([`is_lost`](LockGuard::is_lost), `on_lost`,
+    /// [`release`](LockGuard::release) returns [`Error::LockLost`]). Until then it and the
+    /// next holder both act: only a resource that checks [fencing
+    /// tokens](crate::guide::fencing) refuses the older one. Use it on a holder known to be
+    /// dead whose TTL is long, or one stuck but alive (its refresher keeps the lock) once
+    /// it is stopped; a dead holder's lock otherwise expires with its TTL anyway.
+    ///
+    /// A semaphore's key is refused (its permits are not removed: all of them gone would let
+    /// in as many new holders beside those still running). On a cluster the keys must
+    /// share a hash slot (call it slot by slot, or key by key). On a quorum of servers it
+    /// runs on every node, and answers `true` when a majority of them removed a lock.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), redguard::Error> {
+    /// let locker = redguard::Locker::connect("redis://127.0.0.1/")?;
+    /// for holder in locker.holders("nightly-report")? {
+    ///     println!("removing the hold of {:?}", holder.metadata());
+    /// }
+    /// if !locker.force_release(&["nightly-report"])? {
+    ///     println!("nothing held it");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for an empty key list, an empty or repeated key, a
+    /// semaphore's key, or keys across cluster hash slots; [`Error::WrongType`] when a key
+    /// holds another Redis type (nothing is removed then, from any of the keys; on a quorum,
+    /// from no key of the node that found it); [`Error::Redis`] or [`Error::Pool`] when
+    /// Redis cannot be asked (on a quorum, also when too few nodes answered to tell).
+    pub fn force_release<K: AsRef<str>>(&self, keys: &[K]) -> Result<bool> {
+        let request = self.request(Kind::Lock, keys)?;
+        let shared = &self.shared;
+        let force = Force {
+            keys: &request.keys,
+            names: request.names.as_deref(),
+            prefix: &shared.prefix,
+            channel: shared.subscriber.channel(),
+            lifetime_ms: u64::try_from(shared.waiter_lifetime.as_millis()).unwrap_or(u64::MAX),
+            announce: shared.announce(),
+        };
+        let sent_at = Instant::now();
+        let released = shared.backend.force_release(&force)?;
+        // Waiters of this locker given the keys hear it from here (no message was sent).
+        shared.subscriber.handed(released.handed, sent_at);
+        Ok(released.held)
     }
 
     /// [`lock_with`](Self::lock_with), with `no_quorum` as the error when too few quorum

@@ -2,7 +2,8 @@
 -- keys to the waiters first in their queues (see queue.lua, whose text comes first).
 -- KEYS: the n main keys, then their queues, expiries, tickets and fencing counters.
 -- ARGV[1]: the hold's value; ARGV[2]: its kind, 'l', 'r' or 'p', or 'd' to turn a lock
--- into a shared hold of ARGV[6] ms; ARGV[3]: the caller's locker channel; ARGV[4]: the
+-- into a shared hold of ARGV[6] ms, or 'f' to remove whatever lock holds the keys (see
+-- below); ARGV[3]: the caller's locker channel; ARGV[4]: the
 -- caller's own queue entry to take out too (a waiter that stops waiting), or ''; ARGV[5]:
 -- where release channels start, to announce each freed key to waiters that do not queue
 -- (on a cluster: locks across slots), or '' to announce nothing; ARGV[6]: for 'd', the
@@ -25,7 +26,45 @@ if redis.replicate_commands and not redis.REDIS_VERSION_NUM then
 end
 
 local held, freed = 1, {}
-if kind == 'l' or kind == 'd' then
+-- ARGV[2] 'f' (Locker::force_release; ARGV[1] unused): every key's lock, or all the
+-- readers of its read lock, whoever holds them; none of them when some key holds anything
+-- else, a semaphore too: then {'refused', key, what it holds}. `held` is 1 when a live
+-- hold was removed.
+local function force_out()
+  local now, found = q_now(), {}
+  for i = 1, n do
+    local key = KEYS[i]
+    local what = redis.call('type', key).ok
+    if what == 'zset' then
+      local marker = redis.call('zscore', key, '')
+      if marker ~= '-inf' then
+        local semaphore = marker and tonumber(marker) < 0
+        return {'refused', key, semaphore and 'semaphore' or 'zset, not a lock'}
+      end
+      found[i] = redis.call('zcount', key, '(' .. string.format('%.0f', now), '+inf') > 0
+    elseif what == 'string' then
+      found[i] = true
+    elseif what ~= 'none' then
+      return {'refused', key, what}
+    end
+  end
+  held = 0
+  for i = 1, n do
+    if found[i] ~= nil then
+      redis.call('del', KEYS[i]) -- the fencing counters stay: the next fence is higher
+      freed[#freed + 1] = KEYS[i]
+      held = found[i] and 1 or held
+    end
+  end
+end
+
+if kind == 'f' then
+  q_setup(n, not with_queue and {} or nil)
+  local refused = force_out()
+  if refused then
+    return refused
+  end
+elseif kind == 'l' or kind == 'd' then
   -- One MGET reads the keys and whether anyone waits for them.
   local names = {}
   for i = 1, n do

@@ -7,7 +7,8 @@
 //! - `outcome.rs`: what every backend answers;
 //! - `scripts.rs`, `call.rs`: the scripts, and how one is sent (EVALSHA, EVAL on
 //!   NOSCRIPT); `introspect.rs`: asking who holds what; `election.rs`: who leads an
-//!   election, a leader's new value, and fenced writes;
+//!   election, a leader's new value, and fenced writes; `force.rs`: a lock removed
+//!   whoever holds it (break-glass);
 //! - `replicas.rs`: WAIT for the replicas a hold wants;
 //! - `pool/`: connections, bounded by the timeouts of `bounds.rs`; `tls.rs`: TLS set-up;
 //! - `sentinel/`: the master the sentinels name, followed through failovers;
@@ -20,6 +21,7 @@ mod cluster;
 mod dispatch;
 mod election;
 mod fence;
+mod force;
 mod introspect;
 mod masters;
 mod outcome;
@@ -40,6 +42,7 @@ pub(crate) use election::{
     Found, Led, fenced_set_call, leader_call, parse_leader, parse_written, proclaim_call,
 };
 pub(crate) use fence::{election_keys, entry_keys, fence_key, fenced_record};
+pub(crate) use force::Force;
 pub(crate) use introspect::{HeldBy, Holds, KeyHolders};
 pub(crate) use outcome::{Acquired, Handed, Refreshed};
 pub(crate) use pool::Pool;

@@ -35,7 +35,7 @@ static QUEUE_ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
         include_str!("../../lua/queue/acquire.lua")
     ))
 });
-static QUEUE_RELEASE: LazyLock<Lua> = LazyLock::new(|| {
+pub(super) static QUEUE_RELEASE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(concat!(
         include_str!("../../lua/queue/release_alone.lua"),
         include_str!("../../lua/queue/queue.lua"),

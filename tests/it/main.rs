@@ -14,6 +14,7 @@ mod election_input;
 mod election_processes;
 mod faults;
 mod fencing;
+mod force_release;
 mod holders;
 mod input;
 mod lease;

@@ -1,5 +1,5 @@
 //! The operations on a lock once taken, each asked of every node and counted (see
-//! `count.rs`): refresh, release, the remaining TTL, and who holds a key.
+//! `count.rs`): refresh, release (also forced), the remaining TTL, and who holds a key.
 
 use std::time::{Duration, Instant};
 
@@ -7,8 +7,9 @@ use super::count::undecided;
 use super::fan_out::Ask;
 use super::group::Quorum;
 use crate::backend::call::Call;
+use crate::backend::force::{Forced, parse_forced};
 use crate::backend::introspect::{self, HeldBy, KeyHolders};
-use crate::backend::outcome::Refreshed;
+use crate::backend::outcome::{Refreshed, Released};
 use crate::backend::request::{Refresh, Release};
 use crate::backend::scripts;
 use crate::hold::Kind;
@@ -54,6 +55,29 @@ impl Quorum {
         let held = answers.into_iter().filter(|&held| held).count();
         self.count(held, silent)
             .ok_or_else(|| Error::Redis(undecided()))
+    }
+
+    /// A forced release (see `backend::force`) on every node, resting ones too (as
+    /// [`release`](Self::release)): removed when a majority of the nodes removed a live
+    /// hold; any node's refusal (a key of another type there) is the answer, though the
+    /// other nodes may have removed theirs. An error when the nodes that did not answer
+    /// could make it either.
+    pub(crate) fn force_release(&self, call: &Call) -> Result<Forced> {
+        let (answers, silent) = self.answers(call, Ask::Every, |reply| Ok(parse_forced(reply)?))?;
+        let mut removed = 0;
+        for answer in answers {
+            match answer {
+                Forced::Done(released) => removed += usize::from(released.held),
+                refused @ Forced::Refused { .. } => return Ok(refused),
+            }
+        }
+        let held = self
+            .count(removed, silent)
+            .ok_or_else(|| Error::Redis(undecided()))?;
+        Ok(Forced::Done(Released {
+            held,
+            handed: Vec::new(),
+        }))
     }
 
     /// How long a majority of the nodes will still hold the lock: the TTL of the node at

@@ -7,6 +7,7 @@
 //! redguard status [OPTIONS] [KEY]...      (no KEY: every lock under --prefix)
 //! redguard elect [OPTIONS] NAME -- COMMAND [ARG]...   (or -c; --requeue: again and again)
 //! redguard leader [OPTIONS] NAME          (--watch: each change; --json)
+//! redguard unlock --force [OPTIONS] KEY...  (break-glass: removes locks whoever holds them)
 //! ```
 //!
 //! Redis is one server (`--url`, else `$REDIS_URL`), the master sentinels name
@@ -31,6 +32,7 @@ mod run;
 mod signals;
 mod status;
 mod supervise;
+mod unlock;
 mod watch;
 mod watchdog;
 
@@ -63,6 +65,9 @@ enum Command {
     /// Say who leads election NAME, and with --watch each change.
     #[command(after_help = leader::AFTER_HELP)]
     Leader(leader::LeaderArgs),
+    /// Remove the lock on each KEY whoever holds it (break-glass; needs --force).
+    #[command(after_help = unlock::AFTER_HELP)]
+    Unlock(unlock::UnlockArgs),
 }
 
 /// Where Redis is.
@@ -193,5 +198,6 @@ fn main() -> ExitCode {
         Command::Status(args) => status::status(args),
         Command::Elect(args) => elect::elect(args),
         Command::Leader(args) => leader::leader(args),
+        Command::Unlock(args) => unlock::unlock(args),
     }
 }

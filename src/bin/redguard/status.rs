@@ -143,17 +143,23 @@ fn text(key: &str, holders: &[Holder], semaphore: Option<&Semaphore>) -> String 
         line += &format!(", {} of {limit} permits in use", semaphore.in_use);
     }
     for holder in holders {
-        let ttl = holder.ttl().map_or("no ttl".into(), |ttl| {
-            format!("{:.1}s left", ttl.as_secs_f64())
-        });
-        // A lock waiting for the readers holds nothing yet: new readers wait behind it.
-        let waiting = if holder.waiting() { "waiting: " } else { "" };
-        line += &format!("; {waiting}{:?} {ttl}", holder.metadata());
-        if let Some(fence) = holder.fence() {
-            line += &format!(", fence {fence}");
-        }
+        line += &format!("; {}", described(holder));
     }
     line
+}
+
+/// One holder as `text` shows it (also `unlock`): its metadata, time left and fence.
+pub(crate) fn described(holder: &Holder) -> String {
+    let ttl = holder.ttl().map_or("no ttl".into(), |ttl| {
+        format!("{:.1}s left", ttl.as_secs_f64())
+    });
+    // A lock waiting for the readers holds nothing yet: new readers wait behind it.
+    let waiting = if holder.waiting() { "waiting: " } else { "" };
+    let mut said = format!("{waiting}{:?} {ttl}", holder.metadata());
+    if let Some(fence) = holder.fence() {
+        said += &format!(", fence {fence}");
+    }
+    said
 }
 
 fn json(key: &str, holders: &[Holder], semaphore: Option<&Semaphore>) -> String {
