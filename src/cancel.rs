@@ -2,14 +2,35 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
-/// Ends every wait it was given to, from any thread: pass it with
-/// [`LockOptions::cancel`](crate::LockOptions::cancel), and [`cancel`](Self::cancel) makes
-/// each wait using it return [`Error::Cancelled`](crate::Error::Cancelled) within about
-/// 50 ms, leaving nothing behind (no queue entry, no key; a hold handed to the waiter at
-/// that moment is passed on to the next in line, never kept). A wait started after the
-/// cancel ends at once. A cheap `Clone` (an `Arc` inside), `Send + Sync`.
+use crate::wait::Alarm;
+
+/// Ends waits from another thread: pass it with
+/// [`LockOptions::cancel`](crate::LockOptions::cancel) to
+/// [`lock_with`](crate::Locker::lock_with), [`read_with`](crate::Locker::read_with),
+/// [`Semaphore::acquire_with`](crate::Semaphore::acquire_with),
+/// [`Election::campaign_with`](crate::Election::campaign_with) (or their `try_` forms),
+/// and [`cancel`](Self::cancel) ends every wait using it, or any clone of it, with
+/// [`Error::Cancelled`](crate::Error::Cancelled):
+/// - a wait asleep (in the server's queue, or listening for releases) is woken at once,
+///   no polling, and returns within 50 ms (a few ms as measured here); one with a round
+///   trip in flight returns as soon as that is answered (within the locker's I/O timeout
+///   at worst);
+/// - it leaves nothing behind: one more round trip takes a queued wait's entry out, and a
+///   hold handed to it (or taken by its attempt) as the cancel came is given up at once,
+///   passed on to the next in line, never returned nor left to expire. Should Redis not
+///   answer then, what is left lapses on its own: an entry, and a hold handed to it,
+///   within the locker's [`waiter_lifetime`](crate::LockerBuilder::waiter_lifetime); a
+///   hold its own attempt took, with its TTL;
+/// - a wait that starts after the cancel returns at once, without a round trip;
+/// - guards returned before the cancel are left alone (held, refreshed, released as
+///   usual): a wait that returned its guard just before the cancel keeps it. With a fixed
+///   [`token`](crate::LockOptions::token), a hold the attempt found held by that token
+///   already (another guard's) is left as it was.
+///
+/// It cannot be undone: make a new one to wait again. [`Locker::close`](crate::Locker::close)
+/// does the same to every wait of a locker. A cheap `Clone` (an `Arc` inside),
+/// `Send + Sync`; [`is_cancelled`](Self::is_cancelled) is one atomic load.
 ///
 /// ```no_run
 /// use redguard::{Cancel, Error, LockOptions, Locker};
@@ -29,7 +50,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// ```
 #[derive(Clone, Default)]
 pub struct Cancel {
-    cancelled: Arc<AtomicBool>,
+    alarm: Arc<Alarm>,
 }
 
 impl Cancel {
@@ -38,14 +59,21 @@ impl Cancel {
         Cancel::default()
     }
 
-    /// Ends every wait using this handle, now and later. Held guards are left alone.
+    /// Ends every wait using this handle (or a clone of it), now and later, for good (see
+    /// above): a wait asleep is woken here, on this thread, which takes one short lock
+    /// per wait; no round trip. Guards obtained before are left alone.
     pub fn cancel(&self) {
-        self.cancelled.store(true, Ordering::SeqCst);
+        self.alarm.ring();
     }
 
     /// Whether [`cancel`](Self::cancel) was called.
     pub fn is_cancelled(&self) -> bool {
-        self.cancelled.load(Ordering::SeqCst)
+        self.alarm.is_rung()
+    }
+
+    /// What the waits using it listen to.
+    pub(crate) fn alarm(&self) -> &Alarm {
+        &self.alarm
     }
 }
 

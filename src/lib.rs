@@ -188,7 +188,8 @@
 //!   [`metrics`](https://docs.rs/metrics) facade, for whichever recorder the application
 //!   installs (Prometheus and others). Labels name the kind of hold (`lock`, `read`,
 //!   `permit`) and the outcome, never a key:
-//!   `redguard_acquisitions_total{kind, result}` (`held`, `not_obtained`, `error`),
+//!   `redguard_acquisitions_total{kind, result}` (`held`, `not_obtained`, `cancelled`,
+//!   `error`),
 //!   `redguard_wait_seconds{kind}` and `redguard_hold_seconds{kind}` (histograms),
 //!   `redguard_lost_total{kind}`, `redguard_refreshes_total{result}` (`held`, `lost`,
 //!   `unknown`, one per hold refreshed), `redguard_refresh_round_trip_seconds`,

@@ -146,6 +146,30 @@ impl Locker {
         self.lock_until(keys, options, || Error::NotObtained)
     }
 
+    /// Cancels every wait of this locker and its clones, now and later, as a cancelled
+    /// [`Cancel`](crate::Cancel) given to each would:
+    /// - a thread waiting in [`lock`](Self::lock), [`read`](Self::read),
+    ///   [`Semaphore::acquire`], [`Election::campaign`] or their `_with` forms is woken at
+    ///   once and returns [`Error::Cancelled`] as soon as its round trip in flight, if any,
+    ///   is answered, after one more to take its queue entry out: no entry, no key is left
+    ///   of it, and a hold handed to it at that moment is passed on to the next in line;
+    /// - every later call that would obtain a hold, the `try_` forms included, returns
+    ///   [`Error::Cancelled`] at once, without a round trip.
+    ///
+    /// Guards, read guards, permits and terms obtained before are left alone: they stay
+    /// held, the refresher goes on refreshing those with auto-refresh, and their `release`,
+    /// `refresh` and drop work as before (a release still hands the keys to the next in
+    /// line, in any process). Nothing else changes either: no connection is closed, no
+    /// thread stopped (they go with the locker's last clone and guard), and
+    /// [`holders`](Self::holders), [`force_release`](Self::force_release),
+    /// [`Election::leader`] and observers work as before. For a shutdown: close, then
+    /// release or drop the guards. It cannot be undone (build another locker to wait
+    /// again); calling it again does nothing more. No round trip: each call checks it with
+    /// one atomic load.
+    pub fn close(&self) {
+        self.shared.closed.ring();
+    }
+
     /// A semaphore of `name` (a Redis key, after the locker's prefix) with at most `limit`
     /// holders at once, each holding a [`Permit`](crate::Permit). No round trip: the limit
     /// is checked against the one stored in Redis when a permit is taken.

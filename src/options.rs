@@ -228,8 +228,14 @@ impl LockOptions {
         self
     }
 
-    /// Ends the wait when `cancel` is cancelled, from any thread: the call returns
-    /// [`Error::Cancelled`] within about 50 ms and leaves nothing behind (see [`Cancel`]).
+    /// Ends the wait when `cancel` is cancelled, from any thread (a clone of it shares
+    /// its state): the call returns [`Error::Cancelled`], at once if the wait sleeps, else
+    /// as soon as its round trip in flight is answered, and leaves nothing behind: its
+    /// queue entry is taken out, and a hold handed to it as the cancel came is passed on
+    /// to the next in line, not returned (see [`Cancel`]). Already cancelled: the call
+    /// returns [`Error::Cancelled`] at once, without a round trip. For every call that
+    /// takes `LockOptions` (the `try_` forms too, which never wait); a guard once
+    /// returned is not touched by a later cancel.
     ///
     /// Defaults to none: only the timeout and retries end a wait (and
     /// [`Locker::close`](crate::Locker::close)).

@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::backend::Backend;
 use crate::hold::Refresher;
 use crate::lost::OnLost;
-use crate::wait::Subscriber;
+use crate::wait::{Alarm, Subscriber};
 
 /// What a locker and its guards share; gone (refresher thread joined) with the last of them.
 pub(crate) struct Shared {
@@ -21,6 +21,9 @@ pub(crate) struct Shared {
     pub(crate) replica_timeout: Duration,
     /// How long a waiter's queue entry lives unless renewed (see `hold::place`).
     pub(crate) waiter_lifetime: Duration,
+    /// Rung by [`Locker::close`](crate::Locker::close): every wait of the locker checks
+    /// it beside its own `Cancel`, and ends.
+    pub(crate) closed: Alarm,
 }
 
 impl Shared {
@@ -41,6 +44,7 @@ impl Shared {
             prefix,
             replica_timeout,
             waiter_lifetime,
+            closed: Alarm::default(),
         }
     }
 

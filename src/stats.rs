@@ -4,7 +4,7 @@
 //!
 //! | name | type | labels |
 //! |---|---|---|
-//! | `redguard_acquisitions_total` | counter | `kind` (lock, read, permit), `result` (held, not_obtained, error) |
+//! | `redguard_acquisitions_total` | counter | `kind` (lock, read, permit), `result` (held, not_obtained, cancelled, error) |
 //! | `redguard_wait_seconds` | histogram | `kind`: from the call to the hold taken |
 //! | `redguard_hold_seconds` | histogram | `kind`: from taken to given up |
 //! | `redguard_lost_total` | counter | `kind`: holds the refresher found lost |
@@ -27,7 +27,8 @@ fn kind_label(kind: Kind) -> &'static str {
     }
 }
 
-/// An acquisition begun at `started` ended: `result` is `held`, `not_obtained` or `error`.
+/// An acquisition begun at `started` ended: `result` is `held`, `not_obtained`,
+/// `cancelled` or `error`.
 /// (Instants, not durations: without the feature, no clock is read.)
 pub(crate) fn acquired(kind: Kind, result: &'static str, started: Instant) {
     #[cfg(feature = "metrics")]

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use super::{Election, Leader};
 use crate::Result;
 use crate::hold::later;
+use crate::wait::Stop;
 
 /// The longest an observer goes without reading the election (a message may be lost: a
 /// leader that died right after it was made never published).
@@ -88,7 +89,7 @@ impl Observer {
             }
             // Wakes on a message, or once (re)subscribed: one may have gone unheard.
             let mut ticket = subscriber.watch(lock, seen);
-            ticket.wait_until(Instant::now() + next.min(left));
+            ticket.wait_until(Instant::now() + next.min(left), Stop::never());
         }
     }
     /// `leader` as a change to yield (recorded as yielded), or `None` when it is no change:

@@ -5,8 +5,10 @@
 //! per locker that extends every auto-refreshed hold and renews every queued waiter's
 //! place in one batch.
 
+mod give_up;
 mod held;
 mod holding;
+mod join;
 mod lease;
 mod obtain;
 mod place;

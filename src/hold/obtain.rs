@@ -10,18 +10,25 @@
 //!    through its retry delays: its place keeps its turn); without the queue, until a
 //!    release is heard or the next retry delay is over.
 //! 4. Again from 2, until the hold is taken, the retries run out or the deadline passes.
+//!
+//! A wait whose `Cancel` is cancelled, or whose locker is closed, ends too: before any
+//! round trip if it was so from the start; else at once from its sleep (the alarm wakes
+//! it, see `wait::Stop`), or as soon as its round trip in flight is answered. Leaving
+//! drops its place, whose script takes the entry out and passes on a hold handed to it
+//! meanwhile; a hold it got as the cancel came is given up (`give_up.rs`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::place::{Place, Word, millis};
+use super::join::Joined;
+use super::place::{Place, Word};
 use super::plan::{Plan, Request, Taken};
-use super::{Holding, Kind, Timing, later, random_token};
+use super::{Holding, Timing, later, random_token};
 use crate::backend::Acquired;
 use crate::retry::Delays;
 use crate::shared::Shared;
-use crate::wait::{Letter, Mailbox, Seen, Ticket, Wake};
-use crate::{Error, LockOptions, Result, stats};
+use crate::wait::{Seen, Sleeper, Stop, Ticket, Wake};
+use crate::{Cancel, Error, LockOptions, Result, stats};
 
 /// On a quorum, a release heard from one node may not have reached the others yet: an
 /// attempt right after it that finds only some nodes free ([`Acquired::Partial`]) is
@@ -40,11 +47,17 @@ pub(crate) fn obtain(
     no_quorum: impl Fn() -> Error,
 ) -> Result<Holding> {
     let (kind, started) = (request.kind, Instant::now());
-    let obtained = Plan::new(shared, request, &options, started)
-        .and_then(|plan| plan.obtain(&options, &no_quorum));
+    let stop = Stop::new(&shared.closed, options.cancel.as_ref().map(Cancel::alarm));
+    // Cancelled (or closed) before it starts: at once, before any round trip.
+    let obtained = match stop.is_set() {
+        true => Err(Error::Cancelled),
+        false => Plan::new(shared, request, &options, started)
+            .and_then(|plan| plan.obtain(&options, stop, &no_quorum)),
+    };
     let result = match &obtained {
         Ok(_) => "held",
         Err(Error::NotObtained) => "not_obtained",
+        Err(Error::Cancelled) => "cancelled",
         Err(_) => "error",
     };
     stats::acquired(kind, result, started);
@@ -68,24 +81,8 @@ struct Waiting<'b> {
     attempt_value: Option<String>,
     /// Quick attempts left since a release was last heard (on a quorum).
     quick: u32,
-}
-
-/// How long a waiter that asks for keys another thread of its locker holds waits for that
-/// thread's release to let it into the queue, before it asks for itself.
-const JOIN_WAIT: Duration = Duration::from_millis(5);
-
-/// How long a waiter taken by a release in flight waits for that release's word before it
-/// asks for itself: longer than a release takes within the default timeouts.
-const RELEASE_IN_FLIGHT: Duration = Duration::from_secs(5);
-
-/// How a wait for this locker's own release ended (see `Plan::join_by_release`).
-enum Joined<'b> {
-    /// The release gave the waiter the keys.
-    Taken(Taken),
-    /// The release put the waiter in the queue.
-    Queued(Place<'b>),
-    /// The waiter asks for itself.
-    Ask,
+    /// What ends the wait early: its `Cancel`, its locker's close.
+    stop: Stop<'b>,
 }
 
 /// How a sleep ended.
@@ -97,6 +94,8 @@ enum Woke {
     /// A retry delay passed: a queued waiter sleeps on (its place keeps its turn), one
     /// that is not attempts.
     DelayServed,
+    /// Its `Cancel` was cancelled, or its locker closed.
+    Stopped,
 }
 
 /// What one attempt ended in.
@@ -104,17 +103,24 @@ enum Step {
     Taken {
         fences: Vec<u64>,
         timing: Timing,
+        /// Not a fixed token's re-obtain of what it held already.
+        fresh: bool,
     },
     /// Not taken; `partial` on a quorum that found only some nodes free.
-    Wait {
-        partial: bool,
-    },
+    Wait { partial: bool },
 }
 
 impl Plan<'_> {
     /// The waiting loop, then the hold.
-    fn obtain(self, options: &LockOptions, no_quorum: &impl Fn() -> Error) -> Result<Holding> {
-        let taken = self.wait(options.retry.delays(), no_quorum)?;
+    fn obtain(
+        self,
+        options: &LockOptions,
+        stop: Stop<'_>,
+        no_quorum: &impl Fn() -> Error,
+    ) -> Result<Holding> {
+        let (taken, fresh) = self.wait(options.retry.delays(), stop, no_quorum)?;
+        // A hold got as the cancel came (a hand-over that raced it) is passed on.
+        let taken = self.kept(taken, fresh, stop)?;
         log::debug!(
             "redguard: {:?} of {:?} taken after {:?}",
             self.kind,
@@ -124,8 +130,14 @@ impl Plan<'_> {
         self.into_holding(taken, options.auto_refresh)
     }
 
-    /// Attempt, sleep, until held, out of retries or past the deadline.
-    fn wait(&self, delays: Delays, no_quorum: &impl Fn() -> Error) -> Result<Taken> {
+    /// Attempt, sleep, until held (and whether `fresh`), out of retries, past the
+    /// deadline or stopped.
+    fn wait<'b>(
+        &'b self,
+        delays: Delays,
+        stop: Stop<'b>,
+        no_quorum: &impl Fn() -> Error,
+    ) -> Result<(Taken, bool)> {
         let mut waiting = Waiting {
             delays,
             wake_at: None,
@@ -134,11 +146,12 @@ impl Plan<'_> {
             before: Seen::default(),
             attempt_value: None,
             quick: 0,
+            stop,
         };
         // A lock of this locker on these keys lets this waiter in by its release.
-        let mut ask = match self.join_by_release()? {
+        let mut ask = match self.join_by_release(stop)? {
             Joined::Taken(taken) => match self.confirmed(taken)? {
-                Some(taken) => return Ok(taken),
+                Some(taken) => return Ok((taken, true)),
                 None => true,
             },
             Joined::Queued(place) => {
@@ -148,51 +161,64 @@ impl Plan<'_> {
             Joined::Ask => true,
         };
         loop {
+            // Leaving drops the place (its script takes the entry out) and the ticket.
+            if stop.is_set() {
+                return Err(Error::Cancelled);
+            }
             let step = match ask {
                 true => self.attempt_once(&mut waiting, no_quorum)?,
                 false => Step::Wait { partial: false },
             };
             ask = true;
             let partial = match step {
-                Step::Taken { fences, timing } => {
+                Step::Taken {
+                    fences,
+                    timing,
+                    fresh,
+                } => {
                     let value = waiting.attempt_value.take();
-                    return Ok(Taken {
+                    let taken = Taken {
                         fences,
                         timing,
                         value,
                         handed: false,
                         counted: false,
-                    });
+                    };
+                    return Ok((taken, fresh));
                 }
                 Step::Wait { partial } => partial,
             };
             loop {
                 let Some(until) = self.next_wake(&mut waiting, partial) else {
-                    // Out of time: a hold given to it just now is its own all the same.
-                    if let Some(place) = &mut waiting.place
-                        && let Some((fences, sent_at, counted)) = place.handed_meanwhile()
-                        && let Some(taken) =
-                            self.confirmed(self.handed(place, fences, sent_at, counted))?
-                    {
-                        return Ok(taken);
-                    }
-                    log::debug!(
-                        "redguard: {:?} not obtained after {:?}",
-                        self.keys,
-                        self.started.elapsed()
-                    );
-                    return Err(Error::NotObtained);
+                    return self.out_of_time(&mut waiting);
                 };
                 match self.sleep(&mut waiting, until)? {
                     Woke::Taken(taken) => match self.confirmed(taken)? {
-                        Some(taken) => return Ok(taken),
+                        Some(taken) => return Ok((taken, true)),
                         None => break, // gone already: its place is gone too
                     },
-                    Woke::Attempt => break,
+                    Woke::Attempt | Woke::Stopped => break,
                     Woke::DelayServed => {}
                 }
             }
         }
+    }
+
+    /// The end of a wait out of retries or past its deadline: [`Error::NotObtained`],
+    /// unless a hold was given to it just now (then it is its own all the same).
+    fn out_of_time(&self, waiting: &mut Waiting<'_>) -> Result<(Taken, bool)> {
+        if let Some(place) = &mut waiting.place
+            && let Some((fences, sent_at, counted)) = place.handed_meanwhile()
+            && let Some(taken) = self.confirmed(self.handed(place, fences, sent_at, counted))?
+        {
+            return Ok((taken, true));
+        }
+        log::debug!(
+            "redguard: {:?} not obtained after {:?}",
+            self.keys,
+            self.started.elapsed()
+        );
+        Err(Error::NotObtained)
     }
 
     /// One attempt; with the queue, a place for the waiter when it has to wait.
@@ -222,12 +248,16 @@ impl Plan<'_> {
             waiting.place.is_none() && waiting.ticket.is_none() && !(self.queued && self.waits);
         let sent_at = Instant::now();
         let partial = match self.shared.backend.acquire(&attempt, first)? {
-            Acquired::Yes { fences, .. } => {
+            Acquired::Yes { fences, fresh } => {
                 if let Some(place) = &mut waiting.place {
                     place.served();
                 }
                 let timing = Timing::new(self.ttl_ms, sent_at);
-                return Ok(Step::Taken { fences, timing });
+                return Ok(Step::Taken {
+                    fences,
+                    timing,
+                    fresh,
+                });
             }
             // No timer for what holds the keys to die: the waiter's renewals find them
             // free then (see `lua/refresh.lua`), and have it ask.
@@ -250,75 +280,6 @@ impl Plan<'_> {
             }
         }
         Ok(Step::Wait { partial })
-    }
-
-    /// With a lock of this locker on exactly these keys, the waiter's entry is left for its
-    /// release, which puts it at the back of the queue (or gives it the keys) in its own
-    /// script: no round trip of the waiter's. [`Joined::Ask`] when there is no such lock,
-    /// or none released within [`JOIN_WAIT`] (the waiter then asks, as a newcomer).
-    fn join_by_release(&self) -> Result<Joined<'_>> {
-        if !(self.queued && self.waits && self.kind == Kind::Lock) {
-            return Ok(Joined::Ask);
-        }
-        let subscriber = &self.shared.subscriber;
-        let mailbox = Arc::new(Mailbox::new(Some(&self.keys)));
-        // Any release that puts the entry in the queue runs after this.
-        let deferred_at = Instant::now();
-        if !subscriber.joins().defer(&self.keys, &self.member, &mailbox) {
-            return Ok(Joined::Ask);
-        }
-        // Word of a hand-over that came before this waits for it (see `Board::deliver`).
-        let enrolment = subscriber.enrol_mailbox(&self.wait, mailbox);
-        let mut until = later(deferred_at, JOIN_WAIT);
-        let mut in_flight = false;
-        if let Some(deadline) = self.deadline {
-            until = until.min(deadline);
-        }
-        loop {
-            match enrolment.mailbox.wait_until(until) {
-                Some(Letter::Handed {
-                    fences,
-                    sent_at: _,
-                    counted,
-                }) => {
-                    // Given what its new place had: the lifetime from when the release that
-                    // queued it ran (after `deferred_at`; this word may be a later one's),
-                    // at most the TTL.
-                    let from = deferred_at;
-                    let claim = millis(self.shared.waiter_lifetime).min(self.ttl_ms);
-                    let timing = Timing::claimed(self.ttl_ms, from, claim);
-                    let (value, handed) = (None, true);
-                    return Ok(Joined::Taken(Taken {
-                        fences,
-                        timing,
-                        value,
-                        handed,
-                        counted,
-                    }));
-                }
-                Some(Letter::Queued { sent_at }) => {
-                    let enrolment = Some(enrolment);
-                    let place = Place::new(self.shared, self.waiter(), sent_at, enrolment)?;
-                    return Ok(Joined::Queued(place));
-                }
-                letter @ (Some(Letter::Attempt) | None) => {
-                    // Taken back, or told by the release that took it that it failed:
-                    // the waiter asks for itself.
-                    let withdrawn = subscriber.joins().withdraw(&self.keys, &self.member);
-                    if withdrawn || letter.is_some() || in_flight {
-                        return Ok(Joined::Ask);
-                    }
-                    // Taken by a release in flight: its word comes when its call ends
-                    // (bounded by the pool's timeouts; past that, the waiter asks: its
-                    // attempt finds its place, or the keys its own).
-                    in_flight = true;
-                    until = later(Instant::now(), RELEASE_IN_FLIGHT);
-                    if let Some(deadline) = self.deadline {
-                        until = until.min(deadline.max(Instant::now()));
-                    }
-                }
-            }
-        }
     }
 
     /// When to wake at the latest: at the end of the current retry delay (the next one if
@@ -347,10 +308,12 @@ impl Plan<'_> {
         Some(until)
     }
 
-    /// Sleeps until `until` or until woken.
+    /// Sleeps until `until` or until woken (by word, a release, or its `Stop`).
     fn sleep<'b>(&'b self, waiting: &mut Waiting<'b>, until: Instant) -> Result<Woke> {
+        let stop = waiting.stop;
         if let Some(place) = &mut waiting.place {
-            return Ok(match place.wait_until(until)? {
+            let _listening = stop.listen(Sleeper::mailbox(place.mailbox()));
+            return Ok(match place.wait_until(until, stop)? {
                 Word::Handed(fences, sent_at, counted) => {
                     stats::woken("handover");
                     Woke::Taken(self.handed(place, fences, sent_at, counted))
@@ -363,19 +326,22 @@ impl Plan<'_> {
                     stats::woken("timeout");
                     Woke::DelayServed
                 }
+                Word::Stopped => Woke::Stopped,
             });
         }
         let before = waiting.before;
         let ticket = waiting
             .ticket
             .get_or_insert_with(|| self.shared.subscriber.watch(&self.keys, before));
-        match ticket.wait_until(until) {
+        let _listening = stop.listen(self.shared.subscriber.sleeper(ticket));
+        match ticket.wait_until(until, stop) {
             Wake::Released => {
                 stats::woken("release");
                 waiting.quick = QUICK_RETRIES;
             }
             Wake::Subscribed => stats::woken("turn"),
             Wake::Timeout => stats::woken("timeout"),
+            Wake::Stopped => return Ok(Woke::Stopped),
         }
         Ok(Woke::Attempt)
     }

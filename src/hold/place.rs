@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use super::{Held, Kind, Timing};
 use crate::backend::{Queue, Release, entry_keys};
 use crate::shared::Shared;
-use crate::wait::{Enrolment, Letter};
+use crate::wait::{Enrolment, Letter, Mailbox, Stop};
 use crate::{Error, Result};
 
 /// Who waits: its kind, keys and value, its entry in the queue, and the number that names
@@ -32,6 +32,8 @@ pub(crate) enum Word {
     Attempt,
     /// Nothing, until the time it waited for.
     Timeout,
+    /// Nothing, and its [`Stop`] was set.
+    Stopped,
 }
 
 /// A queued waiter's entry, from the reply that queued it until it is served or leaves.
@@ -86,19 +88,25 @@ impl<'a> Place<'a> {
         })
     }
 
-    /// Waits until `until` for word of the waiter's entry. A wait that goes on past a
-    /// sixth of the entry's lifetime has the refresher take the entry on then (its first
-    /// renewal is due at a third).
+    /// Waits until `until` for word of the waiter's entry, or until `stop` is set (a
+    /// waiter listening to it with [`mailbox`](Self::mailbox) hears that at once). A wait
+    /// that goes on past a sixth of the entry's lifetime has the refresher take the entry
+    /// on then (its first renewal is due at a third).
     /// An error when the refresher could not take it on.
-    pub(crate) fn wait_until(&mut self, until: Instant) -> Result<Word> {
+    pub(crate) fn wait_until(&mut self, until: Instant, stop: Stop<'_>) -> Result<Word> {
         if let Some(renew_from) = self.renew_from {
-            let word = self.wait_once(until.min(renew_from));
+            let word = self.wait_once(until.min(renew_from), stop);
             if !matches!(word, Word::Timeout) || Instant::now() >= until {
                 return Ok(word);
             }
             self.renew()?;
         }
-        Ok(self.wait_once(until))
+        Ok(self.wait_once(until, stop))
+    }
+
+    /// Where word of the entry arrives.
+    pub(crate) fn mailbox(&self) -> &Arc<Mailbox> {
+        &self.enrolment.mailbox
     }
 
     /// Has the refresher renew the entry from now on.
@@ -110,8 +118,8 @@ impl<'a> Place<'a> {
             .map_err(Error::Refresher)
     }
 
-    fn wait_once(&mut self, until: Instant) -> Word {
-        match self.enrolment.mailbox.wait_until(until) {
+    fn wait_once(&mut self, until: Instant, stop: Stop<'_>) -> Word {
+        match self.enrolment.mailbox.wait_until(until, stop) {
             Some(Letter::Handed {
                 fences,
                 sent_at,
@@ -122,6 +130,7 @@ impl<'a> Place<'a> {
             }
             // (Queued: word from before the place, which changes nothing: asking is safe.)
             Some(Letter::Attempt | Letter::Queued { .. }) => Word::Attempt,
+            None if stop.is_set() => Word::Stopped,
             None => Word::Timeout,
         }
     }

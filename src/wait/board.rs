@@ -211,6 +211,7 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wait::stop::Stop;
     use crate::wait::ticket::Ticket;
     use std::thread;
 
@@ -223,7 +224,7 @@ mod tests {
     /// Waits on a ticket for at most a second; `true` when it returned before that.
     fn returns_early(ticket: &mut Ticket<'_>) -> bool {
         let started = Instant::now();
-        ticket.wait_until(Instant::now() + Duration::from_secs(1));
+        ticket.wait_until(Instant::now() + Duration::from_secs(1), Stop::never());
         started.elapsed() < Duration::from_millis(900)
     }
 
@@ -322,7 +323,10 @@ mod tests {
         };
         board.deliver("v", handed.clone());
         let enrolment = board.enrol("v", None);
-        assert_eq!(enrolment.mailbox.wait_until(Instant::now()), Some(handed));
+        assert_eq!(
+            enrolment.mailbox.wait_until(Instant::now(), Stop::never()),
+            Some(handed)
+        );
         drop(enrolment);
         assert!(board.state.lock().entries.is_empty());
     }
@@ -334,7 +338,7 @@ mod tests {
         board.own_channel_subscribed();
         for enrolment in [&a, &b] {
             assert_eq!(
-                enrolment.mailbox.wait_until(Instant::now()),
+                enrolment.mailbox.wait_until(Instant::now(), Stop::never()),
                 Some(Letter::Attempt)
             );
         }

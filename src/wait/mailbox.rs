@@ -5,6 +5,8 @@ use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
 
+use super::stop::Stop;
+
 /// Word for a queued waiter.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Letter {
@@ -60,18 +62,26 @@ impl Mailbox {
         self.posted.notify_one();
     }
 
-    /// The letter posted, waiting for one until `until`; `None` when none came.
-    pub(crate) fn wait_until(&self, until: Instant) -> Option<Letter> {
+    /// The letter posted, waiting for one until `until` or until `stop` is set (which a
+    /// waiter that listens to it hears at once, see `stop.rs`); `None` when none came. A
+    /// letter there is taken even when `stop` is set: a hand-over must not go unnoticed.
+    pub(crate) fn wait_until(&self, until: Instant, stop: Stop<'_>) -> Option<Letter> {
         let mut slot = self.letter.lock();
         loop {
             if let Some(letter) = slot.take() {
                 return Some(letter);
             }
-            if Instant::now() >= until {
+            if stop.is_set() || Instant::now() >= until {
                 return None;
             }
             self.posted.wait_until(&mut slot, until);
         }
+    }
+
+    /// Wakes the waiter without word (to check its [`Stop`]).
+    pub(crate) fn wake(&self) {
+        let _slot = self.letter.lock();
+        self.posted.notify_all();
     }
 
     /// The letter posted, if any, without waiting.

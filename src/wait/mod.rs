@@ -21,11 +21,15 @@
 //!
 //! Without a connection for the thread (a caller's pool of one), queued waiters learn of
 //! their hand-overs from their renewals, and others wait out their retry delays.
+//!
+//! Whatever it sleeps on, a wait ends early when its [`Stop`] is set (its `Cancel`, its
+//! locker's `close`): ringing either wakes it under the lock it sleeps under (`stop.rs`).
 
 mod board;
 mod enrolment;
 mod joins;
 mod mailbox;
+mod stop;
 mod subscriber;
 mod ticket;
 
@@ -33,5 +37,6 @@ pub(crate) use board::Seen;
 pub(crate) use enrolment::Enrolment;
 pub(crate) use joins::Pending;
 pub(crate) use mailbox::{Letter, Mailbox};
+pub(crate) use stop::{Alarm, Sleeper, Stop};
 pub(crate) use subscriber::Subscriber;
 pub(crate) use ticket::{Ticket, Wake};

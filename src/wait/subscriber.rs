@@ -12,6 +12,7 @@ use super::board::{Board, SWEEP, Seen};
 use super::enrolment::Enrolment;
 use super::joins::Joins;
 use super::mailbox::{self, Letter, Mailbox};
+use super::stop::Sleeper;
 use super::ticket::Ticket;
 use crate::backend::{Handed, Pool};
 use crate::hold::random_token;
@@ -68,6 +69,11 @@ impl Subscriber {
             self.wake_thread();
         }
         ticket
+    }
+
+    /// What wakes `ticket`'s wait when its [`Stop`](super::Stop) is set.
+    pub(crate) fn sleeper(&self, ticket: &Ticket<'_>) -> Sleeper {
+        Sleeper::ticket(&self.board, &ticket.wake)
     }
 
     /// This locker's locks and the entries that join the queue by their release.

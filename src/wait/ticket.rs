@@ -8,12 +8,13 @@ use std::time::Instant;
 use parking_lot::Condvar;
 
 use super::board::{Board, Seen};
+use super::stop::Stop;
 
 /// A waiter that does not queue: its registration with the subscriber thread, given up
 /// on drop (the waiter got the lock, gave up, or its thread panicked).
 pub(crate) struct Ticket<'a> {
     board: &'a Board,
-    wake: Arc<Condvar>,
+    pub(super) wake: Arc<Condvar>,
     keys: Vec<String>,
     /// Registered with the subscriber thread (not when there is no connection for it).
     watched: bool,
@@ -30,6 +31,8 @@ pub(crate) enum Wake {
     Subscribed,
     /// The wait ran out.
     Timeout,
+    /// Its [`Stop`] was set: the wait was cancelled, or its locker closed.
+    Stopped,
 }
 
 impl<'a> Ticket<'a> {
@@ -63,10 +66,14 @@ impl<'a> Ticket<'a> {
 
     /// Sleeps until `until`, or until one of the keys was released or the subscription to
     /// all of them was (re)confirmed since the last [`mark`](Self::mark) (or since the
-    /// snapshot taken before the first attempt).
-    pub(crate) fn wait_until(&mut self, until: Instant) -> Wake {
+    /// snapshot taken before the first attempt), or until `stop` is set (which a waiter
+    /// that listens to it hears at once, see `stop.rs`).
+    pub(crate) fn wait_until(&mut self, until: Instant, stop: Stop<'_>) -> Wake {
         let mut state = self.board.state.lock();
         loop {
+            if stop.is_set() {
+                return Wake::Stopped;
+            }
             let now = state.observe(&self.keys);
             if now.released != self.seen.released {
                 return Wake::Released;

@@ -129,7 +129,10 @@ fn a_refreshed_lock_is_lost_at_its_longest_hold() {
     );
     // By the thread's clock, counted from before the request: never past max_hold (less
     // what a loaded machine takes to look).
-    assert!(lost_after <= max + 300 * MS, "past max_hold: {lost_after:?}");
+    assert!(
+        lost_after <= max + 300 * MS,
+        "past max_hold: {lost_after:?}"
+    );
     let next = waiter.join().unwrap().unwrap();
     assert!(next.fence() > guard.fence());
     eventually(Duration::from_secs(2), "on_lost", || {

@@ -1,5 +1,6 @@
 //! Integration tests: one binary (links once), each test against its own redis-server.
 
+mod cancel;
 mod cli;
 mod cli_elect;
 mod cli_status;
