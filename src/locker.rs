@@ -140,6 +140,8 @@ impl Locker {
     ///
     /// # Errors
     /// [`Error::NotObtained`] when the retries or the timeout ran out;
+    /// [`Error::Cancelled`] when its [`cancel`](LockOptions::cancel) or the locker's
+    /// [`close`](crate::Locker::close) ended the wait;
     /// [`Error::InvalidInput`] for bad keys, TTL or token (before any round trip); otherwise
     /// as [`lock`](Self::lock).
     pub fn lock_with<K: AsRef<str>>(&self, keys: &[K], options: LockOptions) -> Result<LockGuard> {

@@ -47,7 +47,9 @@ impl Locker {
     /// reader with the same token and metadata as another is the same reader to Redis.
     ///
     /// # Errors
-    /// [`Error::NotObtained`] when the retries or the timeout ran out; otherwise as
+    /// [`Error::NotObtained`] when the retries or the timeout ran out;
+    /// [`Error::Cancelled`] when its [`cancel`](LockOptions::cancel) or the locker's
+    /// [`close`](crate::Locker::close) ended the wait; otherwise as
     /// [`read`](Locker::read).
     pub fn read_with<K: AsRef<str>>(&self, keys: &[K], options: LockOptions) -> Result<ReadGuard> {
         let request = self.request(Kind::Read, keys)?;

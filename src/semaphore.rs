@@ -163,6 +163,8 @@ impl Semaphore {
     ///
     /// # Errors
     /// [`Error::NotObtained`] when the retries or the timeout ran out;
+    /// [`Error::Cancelled`] when its [`cancel`](LockOptions::cancel) or the locker's
+    /// [`close`](crate::Locker::close) ended the wait;
     /// [`Error::InvalidInput`] for a bad TTL or token (before any round trip); otherwise as
     /// [`acquire`](Self::acquire).
     pub fn acquire_with(&self, options: LockOptions) -> Result<Permit> {

@@ -128,7 +128,8 @@ impl Election {
     ///
     /// # Errors
     /// As [`campaign`](Self::campaign); [`Error::NotObtained`] when the timeout or retries
-    /// ran out; [`Error::LockLost`] when a term handed over ran out before it could be
+    /// ran out; [`Error::Cancelled`] when its [`cancel`](LockOptions::cancel) or the locker's
+    /// [`close`](crate::Locker::close) ended the wait; [`Error::LockLost`] when a term handed over ran out before it could be
     /// lengthened, again and again (a TTL of a few ms); [`Error::NotReplicated`] when fewer replicas than
     /// [`replicas(n)`](LockOptions::replicas) acknowledged the term (it was given up);
     /// [`Error::InvalidInput`] for a fixed [`token`](LockOptions::token) (a term
