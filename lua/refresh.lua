@@ -83,10 +83,11 @@ local function refresh_read(first, last, value, ttl)
   local expiry = string.format('%.0f', now + tonumber(ttl))
   for j = first, last do
     redis.call('zadd', KEYS[j], 'XX', expiry, value)
-    -- Never shorter than the last member's (a longer one may be another reader's).
-    if redis.call('pttl', KEYS[j]) < tonumber(ttl) then
-      redis.call('pexpireat', KEYS[j], expiry)
-    end
+    -- The key lives as long as its last reader (never shorter: a longer one may be
+    -- another's; and shorter once ours was shortened, by a release before hold_at_least
+    -- ran out, so that a writer's renewal finds the key gone when the last reader is).
+    local latest = redis.call('zrange', KEYS[j], -1, -1, 'withscores')
+    redis.call('pexpireat', KEYS[j], string.format('%.0f', tonumber(latest[2])))
   end
   return 1
 end

@@ -206,7 +206,8 @@ impl LockOptions {
     /// leaves the keys held until `d` has passed (their TTL shortened to what is left of
     /// `d`, nothing deleted) and returns `Ok`; waiters get them then. For a job that must
     /// run once per period whichever host starts it: hosts that start a little late find
-    /// the lock still held. For locks, read locks and permits.
+    /// the lock still held. For locks, read locks and permits. Without auto-refresh, a
+    /// release never keeps the hold longer than its own TTL would have.
     ///
     /// Defaults to none: a release gives the hold up at once.
     pub fn hold_at_least(mut self, d: Duration) -> Self {

@@ -43,6 +43,13 @@ local function force_out()
       end
       found[i] = redis.call('zcount', key, '(' .. string.format('%.0f', now), '+inf') > 0
     elseif what == 'string' then
+      -- Only a lock's value: an owner part (see src/hold/token.rs), so that a counter, a
+      -- fenced record or a plain value given by mistake is left alone.
+      local stored = redis.call('get', key)
+      if not (string.match(stored, '^' .. string.rep('[0-9a-f]', 32))
+          or string.match(stored, '^%d+:')) then
+        return {'refused', key, 'string that is not a lock'}
+      end
       found[i] = true
     elseif what ~= 'none' then
       return {'refused', key, what}

@@ -221,7 +221,11 @@ impl Holding {
         let held = &self.held;
         // From here a refresh that finds the lock gone found the downgrade.
         held.end();
-        let ttl_ms = held.timing().ttl_ms;
+        // Never past the longest hold (nothing left of it: at least a millisecond).
+        let ttl_ms = held
+            .lease
+            .capped_ms(held.timing().ttl_ms, Instant::now())
+            .max(1);
         // Threads of this locker waiting for the lock's release ask for themselves.
         for pending in self.take_joins() {
             pending.joined(None);
@@ -264,37 +268,42 @@ impl Holding {
                 self.shared.refresher.tell_lost(Arc::clone(&self.held));
             }
         }
-        if !known_lost && let Some(kept_ms) = self.kept_after_release() {
-            return self.keep_for(kept_ms);
+        if !known_lost && self.held.lease.at_least_until.is_some() {
+            // After a refresher's refresh in flight, so that the shorter TTL is the last set.
+            if !self.held.wait_refresh_turn() {
+                return Ok(false);
+            }
+            let kept = self
+                .kept_after_release()
+                .map(|kept_ms| self.keep_for(kept_ms));
+            self.held.end_refresh_turn();
+            if let Some(kept) = kept {
+                return kept;
+            }
         }
         Ok(self.release_for_real()? && !known_lost)
     }
 
     /// For a hold with [`hold_at_least`](crate::LockOptions::hold_at_least) given up
-    /// before that time: how long (ms) it stays held still (no longer than it would have by
-    /// its own TTL). `None` when it may go now.
+    /// before that time: how long (ms) it stays held still (without auto-refresh, no
+    /// longer than its own TTL would have kept it). `None` when it may go now.
     fn kept_after_release(&self) -> Option<u64> {
         let now = Instant::now();
-        let kept = self.held.lease.kept_after_release(now)?;
-        let own = self
-            .held
-            .timing()
-            .expires_at()
-            .saturating_duration_since(now);
-        let kept = kept.min(u64::try_from(own.as_millis()).unwrap_or(u64::MAX));
+        let mut kept = self.held.lease.kept_after_release(now)?;
+        if !self.auto_refresh {
+            let own = self.held.timing().expires_at();
+            let own = own.saturating_duration_since(now).as_millis();
+            kept = kept.min(u64::try_from(own).unwrap_or(u64::MAX));
+        }
         (kept >= 1).then_some(kept)
     }
 
-    /// Leaves the hold to expire in `kept_ms` instead of giving it up: `false` when it was
-    /// not held any more. Threads of this locker that wait for its release ask for
+    /// Leaves the hold to expire in `kept_ms` instead of giving it up (its refresh turn
+    /// held): `false` when it was not held any more. Threads of this locker that wait for its release ask for
     /// themselves (they queue, and are served when it expires).
     fn keep_for(&self, kept_ms: u64) -> Result<bool> {
         for pending in self.take_joins() {
             pending.joined(None);
-        }
-        // After a refresher's refresh in flight, so that the shorter TTL is the last set.
-        if !self.held.wait_refresh_turn() {
-            return Ok(false);
         }
         let hold = Refresh {
             kind: self.held.kind,
@@ -304,9 +313,7 @@ impl Holding {
             ttl_ms: kept_ms,
             replicas: None,
         };
-        let kept = self.shared.backend.refresh(std::slice::from_ref(&hold));
-        self.held.end_refresh_turn();
-        match kept?[..] {
+        match self.shared.backend.refresh(std::slice::from_ref(&hold))?[..] {
             [Refreshed::Held { .. }] => Ok(true),
             [Refreshed::Lost] => Ok(false),
             _ => Err(Error::Redis(self.shared.backend.undecided())),

@@ -227,7 +227,18 @@ fn run(state: &State, backend: &Backend, on_lost: Option<&OnLost>) {
         }
         // Each hold's refresh turn is taken only now, after the callbacks above: a slow
         // one (or one that refreshes a hold by hand) must not hold the turns up.
-        batch.retain(|held| held.try_refresh_turn());
+        batch.retain(|held| {
+            if !held.try_refresh_turn() {
+                return false;
+            }
+            // Given up since it was collected (a release that keeps it for
+            // hold_at_least sets a shorter TTL, which this refresh must not undo).
+            if held.has_ended() {
+                held.end_refresh_turn();
+                return false;
+            }
+            true
+        });
         if !batch.is_empty() {
             refresh(state, backend, &batch, on_lost);
             for held in batch.drain(..) {

@@ -168,6 +168,13 @@ fn a_key_of_another_type_or_a_semaphore_is_refused_and_nothing_is_removed() {
         ["x"]
     );
     assert!(held.ttl().unwrap().is_some(), "the other key kept too");
+    // A string that is no lock's value (a fencing counter, a plain value) is left alone.
+    server.query::<()>(&["SET", "app:counter", "12"]);
+    match prefixed.force_release(&["counter"]) {
+        Err(Error::WrongType { key, .. }) => assert_eq!(key, "counter"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(server.query::<String>(&["GET", "app:counter"]), "12");
     let semaphore = prefixed.semaphore("slots", 2).unwrap();
     let permit = semaphore.acquire().unwrap();
     match prefixed.force_release(&["held", "slots"]) {
@@ -197,7 +204,8 @@ fn on_a_quorum_it_is_removed_when_a_majority_removed_it() {
     );
     assert!(matches!(guard.release(), Err(Error::LockLost)));
     // A leftover on one node of three is no lock: removed there, and `false`.
-    servers[0].query::<()>(&["SET", "left", "x"]);
+    let token = "0123456789abcdef0123456789abcdef";
+    servers[0].query::<()>(&["SET", "left", token]);
     assert!(!quorum().force_release(&["left"]).unwrap());
     assert_eq!(servers[0].query::<Option<String>>(&["GET", "left"]), None);
 }

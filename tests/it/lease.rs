@@ -88,6 +88,25 @@ fn read_locks_permits_and_drops_keep_their_shortest_hold_too() {
     assert_eq!(other.available().unwrap(), 0);
 }
 
+/// A read lock released before its shortest hold: the writer waiting behind it gets the
+/// key when that time is up, not when the reader's old TTL would have run out.
+#[test]
+fn a_writer_behind_an_early_released_reader_gets_in_when_its_time_is_up() {
+    let server = RedisServer::start();
+    let (ours, theirs) = (locker(&server), locker(&server));
+    let options = LockOptions::default()
+        .ttl(Duration::from_secs(30))
+        .hold_at_least(500 * MS);
+    ours.read_with(&["config"], options)
+        .unwrap()
+        .release()
+        .unwrap();
+    let waited = Instant::now();
+    let options = LockOptions::default().timeout(Duration::from_secs(10));
+    let writer = theirs.lock_with(&["config"], options);
+    assert!(writer.is_ok(), "{writer:?} after {:?}", waited.elapsed());
+}
+
 /// A hold refreshed in the background is lost at `max_hold`, though its process is alive:
 /// `is_lost`, `on_lost` once, and the next waiter gets the keys.
 #[test]
@@ -240,4 +259,15 @@ fn a_command_past_its_longest_hold_is_stopped_and_exits_75() {
     let output = redguard(&server, &args).output().unwrap();
     assert_eq!(code(&output), Some(75), "{output:?}");
     assert!(started.elapsed() < Duration::from_secs(10));
+
+    // With the default TTL, longer than max_hold, the command still runs until about then.
+    let mark = std::env::temp_dir().join(format!("redguard-max-hold-{}", std::process::id()));
+    let _ = std::fs::remove_file(&mark);
+    let line = format!("sleep 0.5; touch {}; sleep 30", mark.display());
+    let args = ["run", "--max-hold", "2s", "slower", "-c", &line];
+    let output = redguard(&server, &args).output().unwrap();
+    let ran = mark.exists();
+    let _ = std::fs::remove_file(&mark);
+    assert_eq!(code(&output), Some(75), "{output:?}");
+    assert!(ran, "stopped at once: {output:?}");
 }

@@ -125,7 +125,10 @@ pub(crate) fn run(args: RunArgs) -> ExitCode {
     }
     let how = Supervision {
         named: &named,
-        ttl: args.ttl,
+        // With --max-hold, no TTL is longer: the early stop's grace is cut to it.
+        ttl: args
+            .max_hold
+            .map_or(args.ttl, |max_hold| args.ttl.min(max_hold)),
         kill_grace: args.kill_grace,
         io_timeout: args.connection.io_timeout,
     };
