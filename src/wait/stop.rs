@@ -4,6 +4,7 @@
 //! (its mailbox's, or the board's for a waiter that does not queue); a ring wakes it under
 //! that same lock, so a ring is never missed: no polling, no round trip.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -18,7 +19,7 @@ use super::mailbox::Mailbox;
 pub(crate) struct Alarm {
     rung: AtomicBool,
     /// The waits asleep now, each with the number of its listening.
-    sleepers: Mutex<Vec<(u64, Sleeper)>>,
+    sleepers: Mutex<HashMap<u64, Sleeper>>,
 }
 
 impl Alarm {
@@ -28,12 +29,7 @@ impl Alarm {
         self.rung.store(true, Ordering::SeqCst);
         // Woken outside the list's lock. A wait that listens after the list was read
         // finds the alarm rung at its next check (the list's lock orders the two).
-        let sleepers: Vec<Sleeper> = self
-            .sleepers
-            .lock()
-            .iter()
-            .map(|(_, sleeper)| sleeper.clone())
-            .collect();
+        let sleepers: Vec<Sleeper> = self.sleepers.lock().values().cloned().collect();
         for sleeper in sleepers {
             sleeper.wake();
         }
@@ -110,7 +106,7 @@ impl<'a> Stop<'a> {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         let id = NEXT.fetch_add(1, Ordering::Relaxed);
         for alarm in self.alarms.iter().flatten() {
-            alarm.sleepers.lock().push((id, sleeper.clone()));
+            alarm.sleepers.lock().insert(id, sleeper.clone());
         }
         Listening { stop: self, id }
     }
@@ -125,7 +121,7 @@ pub(crate) struct Listening<'a> {
 impl Drop for Listening<'_> {
     fn drop(&mut self) {
         for alarm in self.stop.alarms.iter().flatten() {
-            alarm.sleepers.lock().retain(|(id, _)| *id != self.id);
+            alarm.sleepers.lock().remove(&self.id);
         }
     }
 }
