@@ -9,33 +9,13 @@ use std::time::{Duration, Instant};
 use redguard::LockOptions;
 
 use crate::cli::{children, code, command_name, redguard, run, signal};
+use crate::cli_stop::Dir;
 use crate::server::RedisServer;
 use crate::{alive, eventually, locker};
 
 /// The Redis key of election `name`'s lock (see `src/backend/fence.rs`).
 fn election_key(name: &str) -> String {
     format!("redguard:election:{{{name}}}")
-}
-
-/// A directory of the test's own, removed on drop.
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(test: &str) -> Dir {
-        let dir = std::env::temp_dir().join(format!("redguard-{test}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        Dir(dir)
-    }
-
-    fn file(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// Kills a `redguard` on drop, should the test fail with it still running.

@@ -15,13 +15,18 @@ use crate::server::RedisServer;
 use crate::{alive, eventually, locker};
 
 /// A directory of the test's own, removed on drop.
-struct Dir(PathBuf);
+pub(crate) struct Dir(PathBuf);
 
 impl Dir {
-    fn new(test: &str) -> Dir {
+    pub(crate) fn new(test: &str) -> Dir {
         let dir = std::env::temp_dir().join(format!("redguard-{test}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         Dir(dir)
+    }
+
+    /// The path of `name` in it.
+    pub(crate) fn file(&self, name: &str) -> PathBuf {
+        self.0.join(name)
     }
 
     /// A shell line that writes its pid to a file here, then runs `then` in its place
