@@ -184,7 +184,12 @@ impl Plan<'_> {
                         handed: false,
                         counted: false,
                     };
-                    return Ok((taken, fresh));
+                    // A reply that came after the TTL ran out (by this clock): kept only
+                    // if a refresh finds it still ours, else this waits again.
+                    match self.confirmed(taken)? {
+                        Some(taken) => return Ok((taken, fresh)),
+                        None => false,
+                    }
                 }
                 Step::Wait { partial } => partial,
             };

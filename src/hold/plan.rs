@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::place::{Place, Waiter, millis};
-use super::{Held, Holding, Kind, Lease, Timing, owner_part, random_token};
+use super::{Held, Holding, Kind, Lease, Timing, drift_ms, owner_part, random_token};
 use crate::backend::{Acquired, Attempt, Queue, Refresh, Refreshed, Replicas};
 use crate::options::{checked_token, checked_ttl};
 use crate::shared::Shared;
@@ -170,11 +170,14 @@ impl<'a> Plan<'a> {
         }
     }
 
-    /// A hold a script gave the waiter, if it is still sure to last by this process's
-    /// clock; else (a short TTL, a waiter that heard late) refreshed here first: `None`
-    /// when it is gone already.
+    /// A hold taken or given to the waiter, if it is still sure to last by this process's
+    /// clock; else (a short TTL, a reply or word that came late) refreshed here first:
+    /// `None` when it is gone already. A caller is never handed a guard lost already.
     pub(super) fn confirmed(&self, taken: Taken) -> Result<Option<Taken>> {
-        if !taken.handed || taken.timing.expires_at() > Instant::now() {
+        // A TTL within the drift allowance (2 ms or less) has no validity however soon its
+        // reply comes: an attempt's hold is returned as it is (waiting again would never end).
+        let no_validity = !taken.handed && self.ttl_ms <= drift_ms(self.ttl_ms);
+        if no_validity || taken.timing.expires_at() > Instant::now() {
             return Ok(Some(taken));
         }
         let counted = taken.counted;
@@ -202,7 +205,8 @@ impl<'a> Plan<'a> {
             kind: self.kind,
             entry_of: None,
             keys: &self.keys,
-            value: &self.value,
+            // An attempt's value of its own, when it had one (see `Backend::takes_back`).
+            value: taken.value.as_deref().unwrap_or(&self.value),
             ttl_ms: self.ttl_ms,
             replicas: self.replicas,
         };

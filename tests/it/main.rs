@@ -23,6 +23,7 @@ mod lock;
 mod lost;
 mod order;
 mod overlap;
+mod pitfalls;
 mod props;
 mod proxy;
 mod queue;
