@@ -12,7 +12,8 @@ use crate::{ReadGuard, Result};
 /// While Redis is down or frozen, a drop blocks for as long as the locker's bounds allow:
 /// about an I/O timeout on a frozen server, at most about two checkout timeouts and an
 /// I/O timeout on one server (8 s with the defaults), about one and a half node timeouts
-/// on a quorum.
+/// on a quorum; and first, if the refresher's refresh of it is in flight, until that one
+/// is answered (so that it never applies after the release), within the same bounds.
 /// The guard owns what it needs, so it may outlive the `Locker` it came from.
 ///
 /// A guard cannot make Redis keep the lock: check [`is_lost`](LockGuard::is_lost) before

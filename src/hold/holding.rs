@@ -268,20 +268,22 @@ impl Holding {
                 self.shared.refresher.tell_lost(Arc::clone(&self.held));
             }
         }
-        if !known_lost && self.held.lease.at_least_until.is_some() {
-            // After a refresher's refresh in flight, so that the shorter TTL is the last set.
-            if !self.held.wait_refresh_turn() {
-                return Ok(false);
-            }
-            let kept = self
-                .kept_after_release()
-                .map(|kept_ms| self.keep_for(kept_ms));
+        // After a refresh in flight (the refresher's), so that none is applied after this
+        // release (to a newer hold of the same value, say) or after a shorter TTL it sets.
+        // `false` once the hold ran out meanwhile: it is given up all the same.
+        let turn = self.held.wait_refresh_turn();
+        let kept = match known_lost || !turn {
+            true => None,
+            false => self.kept_after_release(),
+        };
+        let given_up = match kept {
+            Some(kept_ms) => self.keep_for(kept_ms),
+            None => self.release_for_real().map(|held| held && !known_lost),
+        };
+        if turn {
             self.held.end_refresh_turn();
-            if let Some(kept) = kept {
-                return kept;
-            }
         }
-        Ok(self.release_for_real()? && !known_lost)
+        given_up
     }
 
     /// For a hold with [`hold_at_least`](crate::LockOptions::hold_at_least) given up

@@ -66,3 +66,70 @@ fn an_acquire_sent_again_after_a_lost_reply_finds_its_own_keys() {
     guard.release().unwrap();
     assert_eq!(server.query::<Option<String>>(&["GET", "k"]), None);
 }
+
+/// etcd #22082: a release sent again after its reply was lost never deletes a newer
+/// holder's lock, even one with the same fixed token (its metadata differs, so its value
+/// does). The release runs, its reply is lost; a newer holder takes the key; then the
+/// connection is cut and the release goes out again.
+#[test]
+fn a_release_sent_again_never_deletes_a_newer_holders_lock() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let behind = Locker::builder()
+        .pool_size(2)
+        .io_timeout(Duration::from_secs(5))
+        .build(proxy.url())
+        .unwrap();
+    let direct = crate::locker(&server);
+    let owner = |metadata: &str| LockOptions::default().token("worker-1").metadata(metadata);
+    behind.lock(&["warm"]).unwrap().release().unwrap();
+    let old = behind.lock_with(&["k"], owner("old")).unwrap();
+    proxy.drop_replies_after(0);
+    let releasing = std::thread::spawn(move || old.release());
+    crate::eventually(Duration::from_secs(5), "the release ran", || {
+        server.query::<Option<String>>(&["GET", "k"]).is_none()
+    });
+    let newer = direct.lock_with(&["k"], owner("newer")).unwrap();
+    let stored: String = server.query(&["GET", "k"]);
+    proxy.heal();
+    proxy.cut(Cut::Reset);
+    let released = releasing.join().unwrap();
+    assert!(
+        matches!(released, Ok(()) | Err(Error::LockLost)),
+        "{released:?}"
+    );
+    assert_eq!(
+        server.query::<Option<String>>(&["GET", "k"]),
+        Some(stored),
+        "the newer holder's lock is intact"
+    );
+    assert!(!newer.is_lost());
+    newer.release().unwrap();
+}
+
+/// Redisson #7272: a hold whose release raced its first scheduled refresh is never
+/// refreshed again. Each round releases a lock at about the moment its refresh is due,
+/// then the same fixed token and metadata take the key without auto-refresh and a short
+/// TTL: were the old hold still refreshed, it would keep that key alive for ever.
+#[test]
+fn the_refresher_lets_go_of_a_hold_whose_release_raced_its_refresh() {
+    let server = RedisServer::start();
+    let locker = crate::locker(&server);
+    let same = || LockOptions::default().token("worker-1").metadata("m");
+    for round in 0..12u64 {
+        let old = locker
+            .lock_with(&["k"], same().ttl(Duration::from_millis(60)))
+            .unwrap();
+        // Its first refresh is due at about 20 ms: release around then.
+        std::thread::sleep(Duration::from_millis(16 + round % 8));
+        old.release().unwrap();
+        let short = same().ttl(Duration::from_millis(150)).auto_refresh(false);
+        let again = locker.lock_with(&["k"], short).unwrap();
+        crate::eventually(
+            Duration::from_secs(2),
+            "the key expires with its TTL",
+            || server.query::<Option<String>>(&["GET", "k"]).is_none(),
+        );
+        assert!(again.is_lost());
+    }
+}
