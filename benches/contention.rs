@@ -216,11 +216,8 @@ fn row(name: &str, run: &Run, floor: Option<&Run>) -> String {
 }
 
 fn main() {
-    let secs: f64 = std::env::var("BENCH_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(2.0);
-    let span = Duration::from_secs_f64(secs);
+    let span = server::bench_span();
+    let secs = span.as_secs_f64();
     let server = RedisServer::start();
     let locker = Locker::connect(server.url()).expect("locker");
     let outsider = Locker::connect(server.url()).expect("locker");

@@ -105,11 +105,8 @@ fn observed(server: &RedisServer, n: usize) -> Vec<Duration> {
 }
 
 fn main() {
-    let secs: f64 = std::env::var("BENCH_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(2.0);
-    let span = Duration::from_secs_f64(secs);
+    let span = server::bench_span();
+    let secs = span.as_secs_f64();
     let server = RedisServer::start();
     let connect = || Locker::connect(server.url()).expect("locker");
     let (one, other) = (connect(), connect());

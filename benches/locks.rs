@@ -63,11 +63,8 @@ fn ticks(stat: &str) -> Duration {
 }
 
 fn main() {
-    let secs: f64 = std::env::var("BENCH_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(2.0);
-    let span = Duration::from_secs_f64(secs);
+    let span = server::bench_span();
+    let secs = span.as_secs_f64();
     if std::env::args().any(|arg| arg == "fan-out") {
         println!("{}", fan_out_floor(span));
         return;

@@ -244,11 +244,8 @@ fn main() {
     if let Ok(spec) = std::env::var(child::CHILD) {
         return child::child(&spec);
     }
-    let secs: f64 = std::env::var("BENCH_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(2.0);
-    let span = Duration::from_secs_f64(secs);
+    let span = server::bench_span();
+    let secs = span.as_secs_f64();
     // cargo bench passes `--bench`; the other words pick sections.
     let filters: Vec<String> = std::env::args()
         .skip(1)

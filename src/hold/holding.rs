@@ -290,6 +290,8 @@ impl Holding {
     /// before that time: how long (ms) it stays held still (without auto-refresh, no
     /// longer than its own TTL would have kept it). `None` when it may go now.
     fn kept_after_release(&self) -> Option<u64> {
+        // No clock read on the common path: most holds have no such policy.
+        self.held.lease.at_least_until?;
         let now = Instant::now();
         let mut kept = self.held.lease.kept_after_release(now)?;
         if !self.auto_refresh {

@@ -193,3 +193,13 @@ pub fn pin(pids: &[u32], pinned: bool) {
         assert!(status.success(), "taskset failed");
     }
 }
+
+/// For the benches: the span of each run, `BENCH_SECS` (default 2 s).
+#[allow(dead_code)]
+pub fn bench_span() -> std::time::Duration {
+    let secs: f64 = std::env::var("BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2.0);
+    std::time::Duration::from_secs_f64(secs)
+}

@@ -6,11 +6,10 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use redguard::LockOptions;
 
 use crate::child::Program;
 use crate::hold::{Want, acquire};
-use crate::run::{default_metadata, duration, seconds, waiting};
+use crate::run::{HoldArgs, default_metadata};
 use crate::supervise::{Supervised, Supervision, supervise};
 use crate::{CANNOT_START, Connection, fail, failed, signals};
 
@@ -25,28 +24,12 @@ pub(crate) struct ElectArgs {
     /// hostname:pid).
     #[arg(long, value_name = "V")]
     value: Option<String>,
-    /// How long a term lives without a renewal; it is renewed while the command runs
-    /// (30s, 500ms, 2m, or seconds).
-    #[arg(long, default_value = "30s", value_parser = duration)]
-    ttl: Duration,
-    /// Wait at most this long to lead, in seconds (fractions allowed); default: as long
-    /// as it takes.
-    #[arg(short = 'w', long = "wait", value_name = "SECONDS", value_parser = seconds)]
-    wait: Option<Duration>,
-    /// Do not wait: lead at once or not at all (the same as -w 0).
-    #[arg(short = 'n', long = "no-wait", conflicts_with = "wait")]
-    no_wait: bool,
-    /// The exit status when this candidate did not get to lead.
-    #[arg(short = 'E', long = "conflict-exit-code", default_value_t = 1)]
-    conflict_exit_code: u8,
+    #[command(flatten)]
+    hold: HoldArgs,
     /// Once the command has ended or been stopped, campaign again (for a new term), until
     /// a signal ends redguard.
     #[arg(long)]
     requeue: bool,
-    /// How long after SIGTERM the command's group gets SIGKILL, when the term is lost or
-    /// cannot be kept (cut to a third of --ttl for a stop before the term can run out).
-    #[arg(long = "kill-grace", default_value = "5s", value_parser = duration)]
-    kill_grace: Duration,
     /// The election.
     #[arg(value_name = "NAME")]
     name: String,
@@ -88,7 +71,7 @@ pub(crate) fn elect(args: ElectArgs) -> ExitCode {
     if let Err(e) = signals::listen() {
         return fail(CANNOT_START, &format!("cannot handle signals: {e}"));
     }
-    let locker = match args.connection.locker(args.ttl) {
+    let locker = match args.connection.locker(args.hold.ttl) {
         Ok(locker) => locker,
         Err(code) => return code,
     };
@@ -100,20 +83,16 @@ pub(crate) fn elect(args: ElectArgs) -> ExitCode {
     let named = format!("election {:?}", args.name);
     let how = Supervision {
         named: &named,
-        ttl: args.ttl,
-        kill_grace: args.kill_grace,
+        ttl: args.hold.ttl,
+        kill_grace: args.hold.kill_grace,
         io_timeout: args.connection.io_timeout,
     };
     loop {
-        let options = waiting(
-            LockOptions::default().ttl(args.ttl),
-            args.no_wait,
-            args.wait,
-        );
+        let options = args.hold.options();
         let want = Want::Term(election.clone(), value.clone());
-        let conflict = args.conflict_exit_code;
+        let conflict = args.hold.conflict_exit_code;
         let campaigned = Instant::now();
-        let hold = match acquire(&locker, want, options, args.ttl, conflict, &named) {
+        let hold = match acquire(&locker, want, options, args.hold.ttl, conflict, &named) {
             Ok(hold) => hold,
             Err(code) => return code,
         };
@@ -125,7 +104,7 @@ pub(crate) fn elect(args: ElectArgs) -> ExitCode {
             ("REDGUARD_ELECTION", args.name.clone()),
             ("REDGUARD_TERM", term.clone()),
             ("REDGUARD_FENCE", term),
-            ("REDGUARD_TTL_MS", args.ttl.as_millis().to_string()),
+            ("REDGUARD_TTL_MS", args.hold.ttl.as_millis().to_string()),
         ];
         match supervise(hold, &args.program, &env, &how) {
             Supervised::NotStarted(code) => return code,

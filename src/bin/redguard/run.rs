@@ -12,24 +12,51 @@ use crate::hold::{Want, acquire};
 use crate::supervise::{Supervised, Supervision, supervise};
 use crate::{CANNOT_START, Connection, USAGE, fail, failed, signals};
 
+/// The options `run` and `elect` share: how long the hold (a lock, or a term) lives, how
+/// long it is waited for, and how the command is stopped.
 #[derive(Args)]
-pub(crate) struct RunArgs {
-    #[command(flatten)]
-    connection: Connection,
-    /// How long the lock lives without a refresh; it is refreshed while the command runs
-    /// (30s, 500ms, 2m, or seconds).
+pub(crate) struct HoldArgs {
+    /// How long the lock (or term) lives without a refresh; it is refreshed while the
+    /// command runs (30s, 500ms, 2m, or seconds).
     #[arg(long, default_value = "30s", value_parser = duration)]
-    ttl: Duration,
-    /// Wait at most this long for the lock, in seconds (fractions allowed); default: as
-    /// long as it takes.
+    pub(crate) ttl: Duration,
+    /// Wait at most this long for it, in seconds (fractions allowed); default: as long as
+    /// it takes.
     #[arg(short = 'w', long = "wait", value_name = "SECONDS", value_parser = seconds)]
     wait: Option<Duration>,
     /// Do not wait: the same as -w 0.
     #[arg(short = 'n', long = "no-wait", conflicts_with = "wait")]
     no_wait: bool,
-    /// The exit status when the lock was not obtained.
+    /// The exit status when it was not obtained in time.
     #[arg(short = 'E', long = "conflict-exit-code", default_value_t = 1)]
-    conflict_exit_code: u8,
+    pub(crate) conflict_exit_code: u8,
+    /// How long after SIGTERM the command's group gets SIGKILL, when the hold is lost or
+    /// cannot be kept (cut to a third of --ttl for a stop before it can expire).
+    #[arg(long = "kill-grace", default_value = "5s", value_parser = duration)]
+    pub(crate) kill_grace: Duration,
+}
+
+impl HoldArgs {
+    /// Options with the TTL, and the wait -n and -w ask for: one wait, with the whole
+    /// deadline (neither: as long as it takes).
+    pub(crate) fn options(&self) -> LockOptions {
+        let options = LockOptions::default().ttl(self.ttl);
+        if self.no_wait {
+            options.timeout(Duration::ZERO)
+        } else if let Some(wait) = self.wait {
+            options.timeout(wait)
+        } else {
+            options
+        }
+    }
+}
+
+#[derive(Args)]
+pub(crate) struct RunArgs {
+    #[command(flatten)]
+    connection: Connection,
+    #[command(flatten)]
+    hold: HoldArgs,
     /// A read lock: shared with other --shared runs, excluded by plain ones.
     #[arg(long, conflicts_with = "permits")]
     shared: bool,
@@ -51,10 +78,6 @@ pub(crate) struct RunArgs {
     /// Stored with the lock, for `status` to show (default: hostname:pid).
     #[arg(long)]
     metadata: Option<String>,
-    /// How long after SIGTERM the command's group gets SIGKILL, when the lock is lost or
-    /// cannot be kept (cut to a third of --ttl for a stop before the lock can expire).
-    #[arg(long = "kill-grace", default_value = "5s", value_parser = duration)]
-    kill_grace: Duration,
     /// The keys to hold, all or none.
     #[arg(required = true, value_name = "KEY")]
     keys: Vec<String>,
@@ -98,7 +121,7 @@ pub(crate) fn run(args: RunArgs) -> ExitCode {
     if let Err(e) = signals::listen() {
         return fail(CANNOT_START, &format!("cannot handle signals: {e}"));
     }
-    let locker = match args.connection.locker(args.ttl) {
+    let locker = match args.connection.locker(args.hold.ttl) {
         Ok(locker) => locker,
         Err(code) => return code,
     };
@@ -108,8 +131,8 @@ pub(crate) fn run(args: RunArgs) -> ExitCode {
             &locker,
             want,
             options,
-            args.ttl,
-            args.conflict_exit_code,
+            args.hold.ttl,
+            args.hold.conflict_exit_code,
             &named,
         )
     }) {
@@ -118,7 +141,7 @@ pub(crate) fn run(args: RunArgs) -> ExitCode {
     };
     let mut env = vec![
         ("REDGUARD_KEYS", args.keys.join(" ")),
-        ("REDGUARD_TTL_MS", args.ttl.as_millis().to_string()),
+        ("REDGUARD_TTL_MS", args.hold.ttl.as_millis().to_string()),
     ];
     if let Some(fence) = hold.fence() {
         env.push(("REDGUARD_FENCE", fence.to_string()));
@@ -126,10 +149,8 @@ pub(crate) fn run(args: RunArgs) -> ExitCode {
     let how = Supervision {
         named: &named,
         // With --max-hold, no TTL is longer: the early stop's grace is cut to it.
-        ttl: args
-            .max_hold
-            .map_or(args.ttl, |max_hold| args.ttl.min(max_hold)),
-        kill_grace: args.kill_grace,
+        ttl: (args.max_hold).map_or(args.hold.ttl, |max_hold| args.hold.ttl.min(max_hold)),
+        kill_grace: args.hold.kill_grace,
         io_timeout: args.connection.io_timeout,
     };
     match supervise(hold, &args.program, &env, &how) {
@@ -140,17 +161,13 @@ pub(crate) fn run(args: RunArgs) -> ExitCode {
 /// What to take, and how.
 fn want(locker: &Locker, args: &RunArgs) -> Result<(Want, LockOptions), ExitCode> {
     let metadata = args.metadata.clone().unwrap_or_else(default_metadata);
-    let mut options = LockOptions::default()
-        .ttl(args.ttl)
-        .metadata(metadata)
-        .fencing(args.fencing);
+    let mut options = args.hold.options().metadata(metadata).fencing(args.fencing);
     if let Some(at_least) = args.at_least {
         options = options.hold_at_least(at_least);
     }
     if let Some(max_hold) = args.max_hold {
         options = options.max_hold(max_hold);
     }
-    let options = waiting(options, args.no_wait, args.wait);
     let want = match args.permits {
         Some(permits) => Want::Permit(
             locker
@@ -161,18 +178,6 @@ fn want(locker: &Locker, args: &RunArgs) -> Result<(Want, LockOptions), ExitCode
         None => Want::Lock(args.keys.clone()),
     };
     Ok((want, options))
-}
-
-/// `options` with the wait -n and -w ask for: one wait, with the whole deadline (neither:
-/// as long as it takes).
-pub(crate) fn waiting(options: LockOptions, no_wait: bool, wait: Option<Duration>) -> LockOptions {
-    if no_wait {
-        options.timeout(Duration::ZERO)
-    } else if let Some(wait) = wait {
-        options.timeout(wait)
-    } else {
-        options
-    }
 }
 
 /// `hostname:pid`, so that `status` says who holds it.
