@@ -1,0 +1,275 @@
+//! Where the run's workers go, and the faults each deployment suffers: one server behind
+//! the test's proxy (pauses, kills and restarts with AOF, cuts, latency, blackholes,
+//! `CLIENT KILL`), or a master with a replica watched by three sentinels (failovers,
+//! forced and after a SIGKILL, pauses past the sentinels' patience, `CLIENT KILL`). Both
+//! freeze worker processes too, like a long GC pause.
+
+use std::process::Command;
+use std::thread;
+use std::time::Duration;
+
+use redguard::testing::Replicated;
+
+use super::Rng;
+use crate::proxy::{Cut, Proxy};
+use crate::server::RedisServer;
+
+pub enum Deployment {
+    OneServer { server: RedisServer, proxy: Proxy },
+    Sentinel { group: Replicated },
+}
+
+impl Deployment {
+    pub fn one_server() -> Deployment {
+        let server = RedisServer::start_persistent();
+        let proxy = Proxy::start(server.port());
+        Deployment::OneServer { server, proxy }
+    }
+
+    pub fn sentinel() -> Deployment {
+        let group = Replicated::start(1, 3).unwrap_or_else(|e| panic!("{e}"));
+        Deployment::Sentinel { group }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Deployment::OneServer { .. } => "one server",
+            Deployment::Sentinel { .. } => "sentinel",
+        }
+    }
+
+    /// Tells a worker where to go.
+    pub fn point(&self, worker: &mut Command) {
+        match self {
+            Deployment::OneServer { proxy, .. } => {
+                worker.env("REDGUARD_TORTURE_URL", proxy.url());
+            }
+            Deployment::Sentinel { group } => {
+                worker
+                    .env(
+                        "REDGUARD_TORTURE_SENTINELS",
+                        group.sentinel_urls().join(","),
+                    )
+                    .env("REDGUARD_TORTURE_MASTER", group.master_name());
+            }
+        }
+    }
+
+    /// The master's URL, straight (not through the proxy).
+    pub fn master_url(&self) -> String {
+        match self {
+            Deployment::OneServer { server, .. } => server.url(),
+            Deployment::Sentinel { group } => {
+                let master = group.master_index().unwrap_or(0);
+                group.url_of(&group.servers()[master])
+            }
+        }
+    }
+
+    /// How long a fault's effects may outlast it: an old master may answer as one until
+    /// the sentinels tell it otherwise.
+    pub fn settle(&self) -> std::time::Duration {
+        match self {
+            Deployment::OneServer { .. } => Duration::from_millis(1000),
+            Deployment::Sentinel { .. } => Duration::from_millis(3000),
+        }
+    }
+
+    /// Whether the watcher must not read while faults settle (see `watcher.rs`).
+    pub fn stale_reads(&self) -> bool {
+        matches!(self, Deployment::Sentinel { .. })
+    }
+
+    /// The kinds of fault, each injected by [`inject`](Self::inject).
+    pub fn kinds(&self) -> &'static [&'static str] {
+        match self {
+            Deployment::OneServer { .. } => &[
+                "server paused",
+                "server killed and restarted (AOF)",
+                "connections cut",
+                "latency",
+                "blackhole",
+                "worker process paused",
+                "CLIENT KILL",
+            ],
+            Deployment::Sentinel { .. } => &[
+                "failover",
+                "master killed, failed over, restarted",
+                "master paused",
+                "worker process paused",
+                "CLIENT KILL",
+            ],
+        }
+    }
+
+    /// Injects a fault of `kind`, and returns once it is over.
+    pub fn inject(&mut self, kind: &str, rng: &mut Rng, workers: &[u32]) {
+        match kind {
+            "worker process paused" => {
+                // Its refresher too: its leases run out, others take the keys, and it
+                // wakes up still "inside".
+                let pid = workers[rng.below(workers.len() as u64) as usize].to_string();
+                let signal = |name: &str| {
+                    let _ = Command::new("kill").args([name, pid.as_str()]).status();
+                };
+                signal("-STOP");
+                thread::sleep(Duration::from_millis(600 + rng.below(900)));
+                signal("-CONT");
+            }
+            "CLIENT KILL" => {
+                let client = redis::Client::open(self.master_url()).unwrap();
+                if let Ok(mut con) = client.get_connection_with_timeout(Duration::from_secs(1)) {
+                    let _: redis::RedisResult<i64> = redis::cmd("CLIENT")
+                        .arg("KILL")
+                        .arg("TYPE")
+                        .arg("normal")
+                        .query(&mut con);
+                }
+            }
+            _ => match self {
+                Deployment::OneServer { server, proxy } => one_server(server, proxy, kind, rng),
+                Deployment::Sentinel { group } => sentinel(group, kind, rng),
+            },
+        }
+    }
+
+    /// Each data server's role and number of keys, for the report.
+    pub fn describe(&self) -> String {
+        let servers: Vec<(String, u16)> = match self {
+            Deployment::OneServer { server, .. } => vec![(server.url(), server.port())],
+            Deployment::Sentinel { group } => group
+                .servers()
+                .iter()
+                .map(|s| (group.url_of(s), s.port()))
+                .collect(),
+        };
+        let described: Vec<String> = servers
+            .iter()
+            .map(|(url, port)| {
+                let asked = (|| -> redis::RedisResult<(String, u64)> {
+                    let client = redis::Client::open(url.as_str())?;
+                    let mut con = client.get_connection_with_timeout(Duration::from_secs(1))?;
+                    let role: Vec<redis::Value> = redis::cmd("ROLE").query(&mut con)?;
+                    let role = match role.first() {
+                        Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).into(),
+                        _ => "?".to_string(),
+                    };
+                    Ok((role, redis::cmd("DBSIZE").query(&mut con)?))
+                })();
+                match asked {
+                    Ok((role, keys)) => format!("{port}: {role} of {keys} keys"),
+                    Err(e) => format!("{port}: {e}"),
+                }
+            })
+            .collect();
+        described.join(", ")
+    }
+
+    /// Undoes what a fault may have left (the proxy's settings).
+    pub fn heal(&self) {
+        if let Deployment::OneServer { proxy, .. } = self {
+            proxy.heal();
+        }
+    }
+}
+
+fn one_server(server: &mut RedisServer, proxy: &Proxy, kind: &str, rng: &mut Rng) {
+    match kind {
+        "server paused" => {
+            // Sometimes past the TTL: holders go on while their lease runs out.
+            server.pause();
+            thread::sleep(Duration::from_millis(100 + rng.below(900)));
+            server.resume();
+        }
+        "server killed and restarted (AOF)" => {
+            server.kill();
+            server.restart();
+        }
+        "connections cut" => proxy.cut(if rng.below(2) == 0 {
+            Cut::Reset
+        } else {
+            Cut::Close
+        }),
+        "latency" => {
+            let latency = Duration::from_millis(50 + rng.below(600));
+            proxy.set(|f| {
+                f.down.latency = latency;
+                f.down.jitter = latency / 2;
+            });
+            thread::sleep(Duration::from_millis(300 + rng.below(700)));
+            proxy.heal();
+        }
+        "blackhole" => {
+            proxy.set(|f| {
+                f.up.blackhole = true;
+                f.down.blackhole = true;
+            });
+            thread::sleep(Duration::from_millis(100 + rng.below(800)));
+            proxy.heal();
+            proxy.cut(Cut::Reset); // what was in flight is lost
+        }
+        _ => panic!("no fault {kind:?} on one server"),
+    }
+}
+
+fn sentinel(group: &mut Replicated, kind: &str, rng: &mut Rng) {
+    let master = group.master_index().unwrap_or(0);
+    match kind {
+        "failover" => drop(group.failover()),
+        "master killed, failed over, restarted" => {
+            let old = group.servers()[master].port();
+            group.servers_mut()[master].kill();
+            let _ = group.wait_for_new_master(old, Duration::from_secs(30));
+            // It comes back as a master of nothing; the sentinels make it a replica.
+            let _ = group.servers_mut()[master].restart();
+        }
+        "master paused" => {
+            // Up to past the sentinels' patience (1 s): then they fail over, and the old
+            // master wakes up believing it is one.
+            let server = &group.servers()[master];
+            let _ = server.pause();
+            thread::sleep(Duration::from_millis(300 + rng.below(1200)));
+            let _ = server.resume();
+        }
+        _ => panic!("no fault {kind:?} through Sentinel"),
+    }
+    // A fault is over once the group is whole again: Sentinel would promote a replica
+    // still syncing (after a restart, say) and lose what every hold waited for; an
+    // operator waits for the sync, and so does the run.
+    whole(group);
+}
+
+/// Waits (up to 30 s) until the sentinels name a master and every other server is its
+/// replica, synced and counted online by it.
+fn whole(group: &Replicated) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let info = |server: &redguard::testing::Server| -> Option<String> {
+        let client = redis::Client::open(group.url_of(server)).ok()?;
+        let mut con = client
+            .get_connection_with_timeout(Duration::from_millis(500))
+            .ok()?;
+        con.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+        redis::cmd("INFO").arg("replication").query(&mut con).ok()
+    };
+    while std::time::Instant::now() < deadline {
+        if let Ok(master) = group.master_index() {
+            let port = group.servers()[master].port();
+            let replicas = group.servers().len() - 1;
+            let master_ok = info(&group.servers()[master]).is_some_and(|info| {
+                info.contains("role:master") && info.matches("state=online").count() == replicas
+            });
+            let replicas_ok = group.servers().iter().enumerate().all(|(i, server)| {
+                i == master
+                    || info(server).is_some_and(|info| {
+                        info.contains(&format!("master_port:{port}"))
+                            && info.contains("master_link_status:up")
+                    })
+            });
+            if master_ok && replicas_ok {
+                return;
+            }
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    panic!("the group was not whole again within 30 s of a fault");
+}
