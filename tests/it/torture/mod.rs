@@ -89,26 +89,32 @@ fn storm(mut deployment: Deployment) {
     let mut children = Children(children);
     let pids: Vec<u32> = children.0.iter().map(|c| c.id()).collect();
 
-    // The fault driver: every kind once per round, in a shuffled order, with calm spells
-    // between (the queue's promptness is measured in them).
+    // The fault driver: every kind once per round, in a shuffled order, 0.2-0.8 s apart,
+    // and a calm spell of 2-3 s after each round (the queue's promptness is measured in
+    // calm).
     let deadline = Instant::now() + run_for;
     let mut rng = Rng::new();
     let mut round: Vec<&'static str> = Vec::new();
     while Instant::now() < deadline {
-        thread::sleep(Duration::from_millis(300 + rng.below(1500)));
         if round.is_empty() {
+            thread::sleep(Duration::from_millis(2000 + rng.below(1000)));
             round = deployment.kinds().to_vec();
             for i in (1..round.len()).rev() {
                 round.swap(i, rng.below(i as u64 + 1) as usize);
             }
         }
+        thread::sleep(Duration::from_millis(200 + rng.below(600)));
         let kind = round.pop().unwrap();
         let start = Instant::now();
         checker.lock().fault_since = Some(start);
         deployment.inject(kind, &mut rng, &pids);
         *master.lock() = deployment.master_url();
         if std::env::var("REDGUARD_TORTURE_DEBUG").is_ok() {
-            println!("after {kind}: {}", deployment.describe());
+            println!(
+                "after {kind} ({:?}): {}",
+                start.elapsed(),
+                deployment.describe()
+            );
         }
         let mut checker = checker.lock();
         checker.fault_since = None;

@@ -11,6 +11,9 @@ use super::checker::{Checker, Fault, Prim, Section};
 /// takes about a millisecond; a lost word is found by the next renewal (a third of the
 /// waiter lifetime, 0.5 s).
 pub const HAND_OVER_BOUND: Duration = Duration::from_secs(1);
+/// At most one in twenty of those may take longer than this: a hand-over is told at once
+/// (about a millisecond), not found by the waiter's next renewal (up to half a second).
+pub const HAND_OVER_SLOW: Duration = Duration::from_millis(100);
 
 pub struct Verdict {
     pub prim: Prim,
@@ -239,6 +242,13 @@ fn queue(checker: &Checker, sections: &[&Section], settle: Duration) -> Verdict 
     if let Some(worst) = gaps.last().filter(|g| **g > HAND_OVER_BOUND) {
         verdict.violations.push(format!(
             "a waiter was served {worst:?} after its predecessor ended, in calm"
+        ));
+    }
+    let slow = gaps.iter().filter(|g| **g > HAND_OVER_SLOW).count();
+    if gaps.len() >= 20 && slow * 20 > gaps.len() {
+        verdict.violations.push(format!(
+            "{slow} of {} hand-overs in calm took over {HAND_OVER_SLOW:?}",
+            gaps.len()
         ));
     }
     let calm_give_ups = checker

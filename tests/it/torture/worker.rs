@@ -22,6 +22,12 @@ pub const KEYS: u64 = 3;
 /// The semaphore's limit.
 pub const LIMIT: u32 = 2;
 
+/// Whether the run is a deliberately broken variant of `prim` (`REDGUARD_TORTURE_BREAK`),
+/// run by hand to see its checker catch it.
+fn broken(prim: &str) -> bool {
+    std::env::var("REDGUARD_TORTURE_BREAK").is_ok_and(|b| b == prim)
+}
+
 /// A thread's line to the checker.
 struct Report {
     con: TcpStream,
@@ -132,7 +138,10 @@ impl Setting {
 
 fn lock(s: &Setting, report: &mut Report, rng: &mut Rng, id: &str) -> bool {
     let key = format!("t:{}", rng.below(KEYS));
-    let options = s.options(Duration::from_secs(1)).metadata(id);
+    let mut options = s.options(Duration::from_secs(1)).metadata(id);
+    if broken("lock") {
+        options = options.token("everyone"); // one owner: all of them get in at once
+    }
     let Ok(guard) = s.locker.lock_with(&[key.as_str()], options) else {
         return false;
     };
@@ -143,7 +152,8 @@ fn lock(s: &Setting, report: &mut Report, rng: &mut Rng, id: &str) -> bool {
 /// A reader twice in three, else a writer.
 fn read(s: &Setting, report: &mut Report, rng: &mut Rng, id: &str) -> bool {
     let options = s.options(Duration::from_secs(1)).fencing(false);
-    if rng.below(3) == 0 {
+    // Broken: a writer that takes only a read lock.
+    if rng.below(3) == 0 && !broken("read") {
         let Ok(guard) = s.locker.lock_with(&["r:0"], options) else {
             return false;
         };
@@ -152,12 +162,19 @@ fn read(s: &Setting, report: &mut Report, rng: &mut Rng, id: &str) -> bool {
         let Ok(guard) = s.locker.read_with(&["r:0"], options) else {
             return false;
         };
-        report.section("read", "r:0", id, 0, "r", rng, || guard.is_lost())
+        let writer = if broken("read") && rng.below(3) == 0 {
+            "w"
+        } else {
+            "r"
+        };
+        report.section("read", "r:0", id, 0, writer, rng, || guard.is_lost())
     }
 }
 
 fn permit(s: &Setting, report: &mut Report, rng: &mut Rng, id: &str) -> bool {
-    let Ok(semaphore) = s.locker.semaphore("s", LIMIT) else {
+    // Broken: a semaphore that admits one more than the limit.
+    let admits = LIMIT + u32::from(broken("permit"));
+    let Ok(semaphore) = s.locker.semaphore("s", admits) else {
         return false;
     };
     let Ok(permit) = semaphore.acquire_with(s.options(Duration::from_secs(1))) else {
@@ -189,7 +206,13 @@ fn queue(s: &Setting, report: &mut Report, rng: &mut Rng, id: &str) -> bool {
 
 /// A candidate: leads a while, writes its term with `fenced_set`, resigns.
 fn term(s: &Setting, report: &mut Report, rng: &mut Rng, id: &str) -> bool {
-    let Ok(election) = s.locker.election("e") else {
+    // Broken: one process's candidates run in an election of their own.
+    let name = if broken("term") && s.process == "p0" {
+        "e2"
+    } else {
+        "e"
+    };
+    let Ok(election) = s.locker.election(name) else {
         return false;
     };
     let Ok(leadership) = election.campaign_with(id, s.options(Duration::from_secs(2))) else {
@@ -215,12 +238,23 @@ fn term(s: &Setting, report: &mut Report, rng: &mut Rng, id: &str) -> bool {
 }
 
 /// An observer: each change it yields, after saying when it began to wait for it.
-fn observe(s: &Setting, report: &mut Report, _: &mut Rng, id: &str) -> bool {
-    let Ok(mut observer) = s.locker.election("e").and_then(|e| e.observe()) else {
+fn observe(s: &Setting, report: &mut Report, rng: &mut Rng, id: &str) -> bool {
+    let Ok(election) = s.locker.election("e") else {
+        return false;
+    };
+    let Ok(mut observer) = election.observe() else {
         return false;
     };
     let mut seen = false;
     while Instant::now() < s.deadline {
+        if broken("observe") {
+            // Broken: it reports the leader it read a moment before it began to wait.
+            let read = election.leader().ok().flatten().map_or(0, |l| l.term());
+            thread::sleep(Duration::from_millis(rng.below(100)));
+            report.send("observe", "WAIT", "e", id, 0, "-");
+            seen |= report.send("observe", "SAW", "e", id, read, "-");
+            continue;
+        }
         report.send("observe", "WAIT", "e", id, 0, "-");
         if let Some(Ok(leader)) = observer.next_timeout(Duration::from_millis(300)) {
             let term = leader.map_or(0, |l| l.term());
