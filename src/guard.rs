@@ -76,7 +76,10 @@ impl LockGuard {
     /// fencing, an empty key, or on a cluster a key whose record could not share its slot
     /// (a `}` without a hash tag); [`Error::WrongType`](crate::Error::WrongType) when `key`
     /// holds another type (it is left untouched); [`Error::Redis`](crate::Error::Redis) or
-    /// [`Error::Pool`](crate::Error::Pool) when Redis cannot be asked.
+    /// [`Error::Pool`](crate::Error::Pool) when Redis cannot be asked;
+    /// [`Error::NotReplicated`](crate::Error::NotReplicated) for a lock taken with
+    /// [`replicas(n)`](crate::LockOptions::replicas) when fewer replicas acknowledged the
+    /// write in time (it is on the master, and a failover may forget it).
     pub fn fenced_set(&self, key: &str, value: &str) -> Result<bool> {
         self.holding.fenced_set(key, value)
     }

@@ -12,7 +12,7 @@ use super::outcome::{Acquired, Refreshed, Released};
 use super::pool::Pool;
 use super::quorum::{self, Quorum};
 use super::replicas;
-use super::request::{Attempt, MAX_REPLICAS, Refresh, Release};
+use super::request::{Attempt, MAX_REPLICAS, Refresh, Release, Replicas};
 use super::scripts;
 use super::slot::{self, slot};
 use crate::hold::{Kind, drift_ms};
@@ -136,15 +136,37 @@ impl Backend {
         call: &Call,
         parse: impl Fn(redis::Value) -> redis::RedisResult<T>,
     ) -> Result<T> {
+        let written = self.write_in_slot(keys, call, parse, None)?;
+        Ok(written.0)
+    }
+
+    /// Like [`run_in_slot`](Self::run_in_slot), then, with `replicas` wanted, `WAIT` on
+    /// the same connection: how many replicas acknowledged the write (`None` without).
+    pub(crate) fn write_in_slot<T>(
+        &self,
+        keys: &[&str],
+        call: &Call,
+        parse: impl Fn(redis::Value) -> redis::RedisResult<T>,
+        replicas: Option<Replicas>,
+    ) -> Result<(T, Option<u32>)> {
         match self {
-            Backend::Single(pool) => pool.run(|con| parse(call.run(con)?)),
+            Backend::Single(pool) => pool.run(|con| {
+                let written = parse(call.run(con)?)?;
+                let acknowledged = replicas.map(|wanted| replicas::wait(con, wanted));
+                Ok((written, acknowledged.transpose()?))
+            }),
             Backend::Cluster(..) if keys.iter().any(|key| slot(key) != slot(keys[0])) => {
                 Err(Error::InvalidInput(format!(
                     "keys {keys:?} would not share one cluster hash slot: use a key without \
                      braces, or with a hash tag of its own"
                 )))
             }
-            Backend::Cluster(cluster, _) => cluster.run(|con| parse(call.run(con)?)),
+            Backend::Cluster(cluster, _) => cluster.run(|con| {
+                let written = parse(call.run(con)?)?;
+                let at = keys.first().map_or(0, |key| slot(key));
+                let acknowledged = replicas.map(|wanted| cluster::wait_on_slot(con, at, wanted));
+                Ok((written, acknowledged.transpose()?))
+            }),
             Backend::Quorum(_) => Err(Error::InvalidInput(
                 "fenced writes and elections need one server, Sentinel or a cluster".into(),
             )),

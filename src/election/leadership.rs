@@ -164,7 +164,9 @@ impl Leadership {
     /// [`Error::InvalidInput`] for an empty key, or on a cluster a key whose record could
     /// not share its slot (a `}` without a hash tag); [`Error::WrongType`] when `key` holds
     /// another type (left untouched); [`Error::Redis`] or [`Error::Pool`] when Redis
-    /// cannot be asked.
+    /// cannot be asked; [`Error::NotReplicated`] for a campaign with
+    /// [`replicas(n)`](crate::LockOptions::replicas) when fewer replicas acknowledged the
+    /// write in time (it is on the master, and a failover may forget it).
     pub fn fenced_set(&self, key: &str, value: &str) -> Result<bool> {
         self.holding.fenced_set(key, value)
     }

@@ -180,13 +180,20 @@ impl Holding {
         let record = fenced_record(prefix, &stored);
         let call = fenced_set_call(&stored, &record, token, value);
         let keys = [stored.as_str(), record.as_str()];
-        match self
-            .shared
-            .backend
-            .run_in_slot(&keys, &call, parse_written)?
-        {
-            Found::Yes(written) => Ok(written),
-            Found::WrongType { key: found, kind } => Err(Error::WrongType {
+        let replicas = self.held.replicas;
+        let backend = &self.shared.backend;
+        match backend.write_in_slot(&keys, &call, parse_written, replicas)? {
+            // Written, but on too few replicas to survive a failover: said, as for a hold.
+            (Found::Yes(true), Some(acknowledged))
+                if replicas.is_some_and(|r| acknowledged < r.wanted) =>
+            {
+                Err(Error::NotReplicated {
+                    acknowledged,
+                    wanted: replicas.map_or(0, |r| r.wanted),
+                })
+            }
+            (Found::Yes(written), _) => Ok(written),
+            (Found::WrongType { key: found, kind }, _) => Err(Error::WrongType {
                 key: if found == stored {
                     key.to_owned()
                 } else {

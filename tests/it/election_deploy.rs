@@ -218,3 +218,51 @@ fn an_election_on_a_cluster_campaigns_observes_fences_and_hands_over() {
         Some((c.term(), "c".into()))
     );
 }
+
+#[test]
+fn a_fenced_write_waits_for_the_replicas_its_hold_waits_for() {
+    // The replica replicates through a proxy whose stream the test can stop.
+    let mut proxy = None;
+    let group = Replicated::start_via(1, 3, |master| {
+        let through = crate::proxy::Proxy::start(master);
+        let port = through.port();
+        proxy = Some(through);
+        port
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    let proxy = proxy.expect("the replication proxy");
+    let locker = sentinel_locker(&group);
+    let options = LockOptions::default().replicas(1);
+    let leadership = locker
+        .election("fw")
+        .unwrap()
+        .campaign_with("a", options.clone())
+        .unwrap();
+    let guard = locker
+        .lock_with(&["fw:lock"], options.fencing(true))
+        .unwrap();
+    assert!(leadership.fenced_set("fw:term", "1").unwrap());
+    assert!(guard.fenced_set("fw:guard", "1").unwrap());
+
+    // The master's writes stop reaching the replica: a write a failover would forget is
+    // said to be one, as a hold's would be.
+    proxy.set(|f| f.down.blackhole = true);
+    let none = Error::NotReplicated {
+        acknowledged: 0,
+        wanted: 1,
+    };
+    let err = leadership.fenced_set("fw:term", "2").unwrap_err();
+    assert_eq!(format!("{err:?}"), format!("{none:?}"));
+    let err = guard.fenced_set("fw:guard", "2").unwrap_err();
+    assert_eq!(format!("{err:?}"), format!("{none:?}"));
+    let master = &group.servers()[group.master_index().unwrap()];
+    let on_master = crate::sentinel::stored(&group, master, "fw:term");
+    assert_eq!(on_master.as_deref(), Some("2"), "written on the master");
+
+    // A lock taken without replicas writes as before.
+    let plain = locker
+        .lock_with(&["fw:plain"], LockOptions::default().fencing(true))
+        .unwrap();
+    assert!(plain.fenced_set("fw:plain:v", "1").unwrap());
+    proxy.heal();
+}

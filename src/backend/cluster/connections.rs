@@ -102,7 +102,7 @@ impl ClusterPool {
 /// cluster client would send a plain WAIT to every master and answer the least count).
 /// Never on a connection made again meanwhile: a new one has no writes to wait for, and
 /// WAIT would count every replica at once.
-pub(super) fn wait_on_slot(
+pub(crate) fn wait_on_slot(
     con: &mut ClusterConnection,
     slot: u16,
     replicas: Replicas,

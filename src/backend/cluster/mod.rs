@@ -20,4 +20,4 @@ mod held;
 mod per_master;
 
 pub(crate) use self::checks::{check_semaphore_slot, check_slots};
-pub(crate) use self::connections::ClusterPool;
+pub(crate) use self::connections::{ClusterPool, wait_on_slot};
