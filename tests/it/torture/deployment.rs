@@ -234,12 +234,12 @@ fn sentinel(group: &mut Replicated, kind: &str, rng: &mut Rng) {
     // A fault is over once the group is whole again: Sentinel would promote a replica
     // still syncing (after a restart, say) and lose what every hold waited for; an
     // operator waits for the sync, and so does the run.
-    whole(group);
+    whole(group, kind);
 }
 
-/// Waits (up to 30 s) until the sentinels name a master and every other server is its
+/// Waits (up to 30 s) until the sentinels agree on a master and every other server is its
 /// replica, synced and counted online by it.
-fn whole(group: &Replicated) {
+fn whole(group: &Replicated, kind: &str) {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let info = |server: &redguard::testing::Server| -> Option<String> {
         let client = redis::Client::open(group.url_of(server)).ok()?;
@@ -250,17 +250,20 @@ fn whole(group: &Replicated) {
         redis::cmd("INFO").arg("replication").query(&mut con).ok()
     };
     while std::time::Instant::now() < deadline {
-        if let Ok(master) = group.master_index() {
-            let port = group.servers()[master].port();
-            let replicas = group.servers().len() - 1;
-            let master_ok = info(&group.servers()[master]).is_some_and(|info| {
-                info.contains("role:master") && info.matches("state=online").count() == replicas
+        let servers = group.servers();
+        if let Some(port) = agreed_master(group)
+            && let Some(master) = servers.iter().position(|s| s.port() == port)
+        {
+            let master_ok = info(&servers[master]).is_some_and(|info| {
+                info.contains("role:master")
+                    && info.matches("state=online").count() == servers.len() - 1
             });
-            let replicas_ok = group.servers().iter().enumerate().all(|(i, server)| {
+            let replicas_ok = servers.iter().enumerate().all(|(i, server)| {
                 let info = info(server);
                 if i != master && info.as_deref().is_some_and(|i| i.contains("role:master")) {
-                    // An old master that believes it still is one: the sentinels make it
-                    // a replica only 8 s after it reports back; the run does it now.
+                    // An old master that believes it still is one, while every sentinel
+                    // names another and none is failing over: the sentinels make it a
+                    // replica only 8 s after it reports back; the run does it now.
                     demote(group, server, port);
                 }
                 i == master
@@ -275,7 +278,44 @@ fn whole(group: &Replicated) {
         }
         thread::sleep(Duration::from_millis(50));
     }
-    panic!("the group was not whole again within 30 s of a fault");
+    let roles: Vec<String> = group
+        .servers()
+        .iter()
+        .map(|server| {
+            let info = info(server).unwrap_or_default();
+            let role = info.lines().find(|l| l.starts_with("role:")).unwrap_or("?");
+            format!("{}: {role}", server.port())
+        })
+        .collect();
+    panic!("the group was not whole again within 30 s of a fault ({kind}): {roles:?}");
+}
+
+/// The master's port when every sentinel names the same one, and none sees it down or
+/// is failing over.
+fn agreed_master(group: &Replicated) -> Option<u16> {
+    let mut agreed = None;
+    for sentinel in group.sentinels() {
+        let client = redis::Client::open(group.url_of(sentinel)).ok()?;
+        let mut con = client
+            .get_connection_with_timeout(Duration::from_millis(500))
+            .ok()?;
+        con.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+        let fields: Vec<String> = redis::cmd("SENTINEL")
+            .arg("MASTER")
+            .arg(group.master_name())
+            .query(&mut con)
+            .ok()?;
+        let field = |name: &str| {
+            let at = fields.iter().position(|f| f == name)?;
+            fields.get(at + 1).cloned()
+        };
+        let port: u16 = field("port")?.parse().ok()?;
+        if field("flags")? != "master" || agreed.is_some_and(|p| p != port) {
+            return None;
+        }
+        agreed = Some(port);
+    }
+    agreed
 }
 
 /// Makes `server` a replica of the master on `port`.

@@ -259,11 +259,15 @@ fn queue(checker: &Checker, sections: &[&Section], settle: Duration) -> Verdict 
                 .is_some_and(|c| calm(&checker.faults, c, g.at, settle))
         })
         .collect::<Vec<_>>();
-    if let Some(first) = calm_give_ups.first() {
+    for gave_up in &calm_give_ups {
+        let called = gave_up.called.unwrap_or(gave_up.at);
+        let after = checker.faults.iter().rfind(|f| f.end < called);
         verdict.violations.push(format!(
-            "{} waits gave up in calm: {}",
-            calm_give_ups.len(),
-            first.error
+            "a wait gave up in calm after {:?}, {:?} after the last fault ({}) ended: {}",
+            gave_up.at.saturating_duration_since(called),
+            after.map(|f| called.saturating_duration_since(f.end)),
+            after.map_or("none", |f| f.kind),
+            gave_up.error
         ));
     }
     let at = |q: f64| gaps.get(((gaps.len() as f64 - 1.0) * q) as usize);

@@ -15,8 +15,10 @@ use redguard::{LockOptions, Locker, Retry};
 use super::Rng;
 use super::watcher::MARK;
 
-/// The locks' TTL, every primitive's.
-pub const TTL: Duration = Duration::from_millis(500);
+/// The locks' TTL, every primitive's, on one server. Through Sentinel every hold waits
+/// up to 500 ms for its replica (`WAIT`; a loaded replica can take a few hundred ms), so
+/// its TTL is twice this.
+const TTL: Duration = Duration::from_millis(500);
 /// Keys of the plain locks.
 pub const KEYS: u64 = 3;
 /// The semaphore's limit.
@@ -94,6 +96,7 @@ struct Setting {
     deadline: Instant,
     /// Holds wait for this many replicas (Sentinel).
     replicas: u32,
+    ttl: Duration,
     process: String,
     /// Numbers the attempts of every thread: each has an id of its own.
     attempts: Arc<AtomicU64>,
@@ -102,7 +105,7 @@ struct Setting {
 impl Setting {
     fn options(&self, timeout: Duration) -> LockOptions {
         let options = LockOptions::default()
-            .ttl(TTL)
+            .ttl(self.ttl)
             .fencing(true)
             .timeout(timeout)
             .retry(Retry::linear(Duration::from_millis(5)));
@@ -271,13 +274,17 @@ pub fn run() {
     let run_for = Duration::from_millis(var("REDGUARD_TORTURE_MS").parse().unwrap());
     let deadline = Instant::now() + run_for;
     let sentinels = std::env::var("REDGUARD_TORTURE_SENTINELS").ok();
+    let (io, replicas) = match sentinels {
+        Some(_) => (Duration::from_millis(800), Duration::from_millis(500)),
+        None => (Duration::from_millis(300), Duration::from_millis(200)),
+    };
     let locker = loop {
         let builder = Locker::builder()
             .pool_size(14)
             .connect_timeout(Duration::from_millis(300))
-            .io_timeout(Duration::from_millis(300))
-            .checkout_timeout(Duration::from_millis(600))
-            .replica_timeout(Duration::from_millis(200));
+            .io_timeout(io)
+            .checkout_timeout(io * 2)
+            .replica_timeout(replicas);
         let built = match &sentinels {
             Some(urls) => {
                 let urls: Vec<&str> = urls.split(',').collect();
@@ -300,6 +307,7 @@ pub fn run() {
         checker,
         deadline,
         replicas: u32::from(sentinels.is_some()),
+        ttl: TTL * (1 + u32::from(sentinels.is_some())),
         process: var("REDGUARD_TORTURE_PROCESS"),
         attempts: Arc::default(),
     };
