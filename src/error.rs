@@ -14,7 +14,7 @@ use std::fmt;
 /// | `InvalidInput(..)` | bad keys, TTL, token, URL or settings; nothing was sent | fix the call |
 /// | `WrongType { key, kind }` | a key holds a list, hash, ...; it was left untouched | use another key |
 /// | `Redis(..)`, `Pool(..)` | Redis could not be asked (down, frozen, timed out) or refused | check the server |
-/// | `NotReplicated { acknowledged, wanted }` | too few replicas acknowledged the hold in time; what was taken was given up | check the replicas; try later |
+/// | `NotReplicated { acknowledged, wanted }` | too few replicas acknowledged the hold (or a fenced write) in time; what an acquire took was given up | check the replicas; try later |
 /// | `Cancelled` | the wait was cancelled, or its locker closed; nothing is held | stop, or wait again with another `Cancel` |
 /// | `Random(..)`, `Refresher(..)` | the OS could not give random bytes or a thread | rare; check the host |
 #[derive(Debug)]
@@ -52,8 +52,8 @@ pub enum Error {
     /// Fewer replicas than [`LockOptions::replicas`](crate::LockOptions::replicas) asked
     /// for acknowledged the hold within the replica timeout. From an acquire: what it took
     /// was given up again, so nothing is held by it (a fixed token keeps what the same owner
-    /// held before). From a refresh: the TTL was set on the master, but may not survive a
-    /// failover.
+    /// held before). From a refresh, or a `fenced_set` of a hold taken with replicas: the
+    /// TTL or the value was set on the master, but may not survive a failover.
     NotReplicated {
         /// How many replicas acknowledged it.
         acknowledged: u32,

@@ -136,24 +136,29 @@ impl Backend {
         call: &Call,
         parse: impl Fn(redis::Value) -> redis::RedisResult<T>,
     ) -> Result<T> {
-        let written = self.write_in_slot(keys, call, parse, None)?;
+        let written = self.write_in_slot(keys, call, parse, None, |_| false)?;
         Ok(written.0)
     }
 
-    /// Like [`run_in_slot`](Self::run_in_slot), then, with `replicas` wanted, `WAIT` on
-    /// the same connection: how many replicas acknowledged the write (`None` without).
+    /// Like [`run_in_slot`](Self::run_in_slot), then, with `replicas` wanted and a reply
+    /// that says it `wrote`, `WAIT` on the same connection: how many replicas
+    /// acknowledged the write.
     pub(crate) fn write_in_slot<T>(
         &self,
         keys: &[&str],
         call: &Call,
         parse: impl Fn(redis::Value) -> redis::RedisResult<T>,
         replicas: Option<Replicas>,
-    ) -> Result<(T, Option<u32>)> {
+        wrote: impl Fn(&T) -> bool,
+    ) -> Result<(T, Option<(Replicas, u32)>)> {
         match self {
             Backend::Single(pool) => pool.run(|con| {
                 let written = parse(call.run(con)?)?;
-                let acknowledged = replicas.map(|wanted| replicas::wait(con, wanted));
-                Ok((written, acknowledged.transpose()?))
+                let acknowledged = match replicas {
+                    Some(wanted) if wrote(&written) => Some((wanted, replicas::wait(con, wanted)?)),
+                    _ => None,
+                };
+                Ok((written, acknowledged))
             }),
             Backend::Cluster(..) if keys.iter().any(|key| slot(key) != slot(keys[0])) => {
                 Err(Error::InvalidInput(format!(
@@ -164,8 +169,13 @@ impl Backend {
             Backend::Cluster(cluster, _) => cluster.run(|con| {
                 let written = parse(call.run(con)?)?;
                 let at = keys.first().map_or(0, |key| slot(key));
-                let acknowledged = replicas.map(|wanted| cluster::wait_on_slot(con, at, wanted));
-                Ok((written, acknowledged.transpose()?))
+                let acknowledged = match replicas {
+                    Some(wanted) if wrote(&written) => {
+                        Some((wanted, cluster::wait_on_slot(con, at, wanted)?))
+                    }
+                    _ => None,
+                };
+                Ok((written, acknowledged))
             }),
             Backend::Quorum(_) => Err(Error::InvalidInput(
                 "fenced writes and elections need one server, Sentinel or a cluster".into(),

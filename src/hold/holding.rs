@@ -180,16 +180,14 @@ impl Holding {
         let record = fenced_record(prefix, &stored);
         let call = fenced_set_call(&stored, &record, token, value);
         let keys = [stored.as_str(), record.as_str()];
+        let wrote = |found: &Found<bool>| matches!(found, Found::Yes(true));
         let replicas = self.held.replicas;
-        let backend = &self.shared.backend;
-        match backend.write_in_slot(&keys, &call, parse_written, replicas)? {
+        match (self.shared.backend).write_in_slot(&keys, &call, parse_written, replicas, wrote)? {
             // Written, but on too few replicas to survive a failover: said, as for a hold.
-            (Found::Yes(true), Some(acknowledged))
-                if replicas.is_some_and(|r| acknowledged < r.wanted) =>
-            {
+            (_, Some((wanted, acknowledged))) if acknowledged < wanted.wanted => {
                 Err(Error::NotReplicated {
                     acknowledged,
-                    wanted: replicas.map_or(0, |r| r.wanted),
+                    wanted: wanted.wanted,
                 })
             }
             (Found::Yes(written), _) => Ok(written),
