@@ -73,6 +73,16 @@ impl Deployment {
         Duration::from_millis(1000)
     }
 
+    /// How long a run must be for every kind of fault to come up (a round: a failover
+    /// through Sentinel is over only some 20 s later, once the sentinels see the old
+    /// master as a synced replica).
+    pub fn round_secs(&self) -> u64 {
+        match self {
+            Deployment::OneServer { .. } => 20,
+            Deployment::Sentinel { .. } => 60,
+        }
+    }
+
     /// Whether the watcher must not read while faults settle (see `watcher.rs`).
     pub fn stale_reads(&self) -> bool {
         matches!(self, Deployment::Sentinel { .. })
@@ -216,9 +226,19 @@ fn sentinel(group: &mut Replicated, kind: &str, rng: &mut Rng) {
         "failover" => drop(group.failover()),
         "master killed, failed over, restarted" => {
             let old = group.servers()[master].port();
+            let dir = config_dir(group, &group.servers()[master]);
             group.servers_mut()[master].kill();
-            let _ = group.wait_for_new_master(old, Duration::from_secs(30));
-            // It comes back as a master of nothing; the sentinels make it a replica.
+            // Restarted before the sentinels moved on, it would be a master of nothing
+            // that its replica then copies: a loss the lock never promised to survive.
+            if let Err(e) = group.wait_for_new_master(old, Duration::from_secs(30)) {
+                panic!("the sentinels did not fail over a dead master: {e}");
+            }
+            // It comes back as a master of nothing (a new disk: the copy of its master's
+            // data it kept from when it last was a replica would bring old data back);
+            // the sentinels make it a replica.
+            if let Some(dir) = dir {
+                let _ = std::fs::remove_file(std::path::Path::new(&dir).join("dump.rdb"));
+            }
             let _ = group.servers_mut()[master].restart();
         }
         "master paused" => {
@@ -237,44 +257,21 @@ fn sentinel(group: &mut Replicated, kind: &str, rng: &mut Rng) {
     whole(group, kind);
 }
 
-/// Waits (up to 30 s) until the sentinels agree on a master and every other server is its
-/// replica, synced and counted online by it.
+/// Waits (up to 60 s) until every sentinel names the same master, none sees it down or is
+/// failing over, each knows every other server as its replica with a link that is up
+/// (only such a replica can be promoted), and the master counts them online.
 fn whole(group: &Replicated, kind: &str) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let info = |server: &redguard::testing::Server| -> Option<String> {
-        let client = redis::Client::open(group.url_of(server)).ok()?;
-        let mut con = client
-            .get_connection_with_timeout(Duration::from_millis(500))
-            .ok()?;
-        con.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
-        redis::cmd("INFO").arg("replication").query(&mut con).ok()
-    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while std::time::Instant::now() < deadline {
         let servers = group.servers();
         if let Some(port) = agreed_master(group)
-            && let Some(master) = servers.iter().position(|s| s.port() == port)
-        {
-            let master_ok = info(&servers[master]).is_some_and(|info| {
+            && let Some(master) = servers.iter().find(|s| s.port() == port)
+            && info(group, master).is_some_and(|info| {
                 info.contains("role:master")
                     && info.matches("state=online").count() == servers.len() - 1
-            });
-            let replicas_ok = servers.iter().enumerate().all(|(i, server)| {
-                let info = info(server);
-                if i != master && info.as_deref().is_some_and(|i| i.contains("role:master")) {
-                    // An old master that believes it still is one, while every sentinel
-                    // names another and none is failing over: the sentinels make it a
-                    // replica only 8 s after it reports back; the run does it now.
-                    demote(group, server, port);
-                }
-                i == master
-                    || info.is_some_and(|info| {
-                        info.contains(&format!("master_port:{port}"))
-                            && info.contains("master_link_status:up")
-                    })
-            });
-            if master_ok && replicas_ok {
-                return;
-            }
+            })
+        {
+            return;
         }
         thread::sleep(Duration::from_millis(50));
     }
@@ -282,17 +279,44 @@ fn whole(group: &Replicated, kind: &str) {
         .servers()
         .iter()
         .map(|server| {
-            let info = info(server).unwrap_or_default();
+            let info = info(group, server).unwrap_or_default();
             let role = info.lines().find(|l| l.starts_with("role:")).unwrap_or("?");
             format!("{}: {role}", server.port())
         })
         .collect();
-    panic!("the group was not whole again within 30 s of a fault ({kind}): {roles:?}");
+    panic!("the group was not whole again within 60 s of a fault ({kind}): {roles:?}");
 }
 
-/// The master's port when every sentinel names the same one, and none sees it down or
-/// is failing over.
+/// Where `server` keeps its files.
+fn config_dir(group: &Replicated, server: &redguard::testing::Server) -> Option<String> {
+    let client = redis::Client::open(group.url_of(server)).ok()?;
+    let mut con = client
+        .get_connection_with_timeout(Duration::from_millis(500))
+        .ok()?;
+    let pair: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("dir")
+        .query(&mut con)
+        .ok()?;
+    pair.get(1).cloned()
+}
+
+/// `INFO replication` of `server`.
+fn info(group: &Replicated, server: &redguard::testing::Server) -> Option<String> {
+    let client = redis::Client::open(group.url_of(server)).ok()?;
+    let mut con = client
+        .get_connection_with_timeout(Duration::from_millis(500))
+        .ok()?;
+    con.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+    redis::cmd("INFO").arg("replication").query(&mut con).ok()
+}
+
+/// The master's port when every sentinel sees the group whole (see [`whole`]).
 fn agreed_master(group: &Replicated) -> Option<u16> {
+    let field = |fields: &[String], name: &str| {
+        let at = fields.iter().position(|f| f == name)?;
+        fields.get(at + 1).cloned()
+    };
     let mut agreed = None;
     for sentinel in group.sentinels() {
         let client = redis::Client::open(group.url_of(sentinel)).ok()?;
@@ -300,32 +324,32 @@ fn agreed_master(group: &Replicated) -> Option<u16> {
             .get_connection_with_timeout(Duration::from_millis(500))
             .ok()?;
         con.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
-        let fields: Vec<String> = redis::cmd("SENTINEL")
-            .arg("MASTER")
-            .arg(group.master_name())
-            .query(&mut con)
-            .ok()?;
-        let field = |name: &str| {
-            let at = fields.iter().position(|f| f == name)?;
-            fields.get(at + 1).cloned()
+        let ask = |what: &str, con: &mut redis::Connection| {
+            redis::cmd("SENTINEL")
+                .arg(what)
+                .arg(group.master_name())
+                .query::<redis::Value>(con)
+                .ok()
         };
-        let port: u16 = field("port")?.parse().ok()?;
-        if field("flags")? != "master" || agreed.is_some_and(|p| p != port) {
+        let master: Vec<String> = redis::from_redis_value(ask("MASTER", &mut con)?).ok()?;
+        let port: u16 = field(&master, "port")?.parse().ok()?;
+        if field(&master, "flags")? != "master" || agreed.is_some_and(|p| p != port) {
+            return None;
+        }
+        let replicas: Vec<Vec<String>> =
+            redis::from_redis_value(ask("REPLICAS", &mut con)?).ok()?;
+        let ready = |server: &redguard::testing::Server| {
+            replicas.iter().any(|replica| {
+                field(replica, "port") == Some(server.port().to_string())
+                    && field(replica, "flags").as_deref() == Some("slave")
+                    && field(replica, "master-port") == Some(port.to_string())
+                    && field(replica, "master-link-status").as_deref() == Some("ok")
+            })
+        };
+        if !group.servers().iter().all(|s| s.port() == port || ready(s)) {
             return None;
         }
         agreed = Some(port);
     }
     agreed
-}
-
-/// Makes `server` a replica of the master on `port`.
-fn demote(group: &Replicated, server: &redguard::testing::Server, port: u16) {
-    if let Ok(client) = redis::Client::open(group.url_of(server))
-        && let Ok(mut con) = client.get_connection_with_timeout(Duration::from_millis(500))
-    {
-        let _: redis::RedisResult<()> = redis::cmd("REPLICAOF")
-            .arg("127.0.0.1")
-            .arg(port)
-            .query(&mut con);
-    }
 }

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use super::checker::{Checker, Fault, Prim, Section};
+use super::checker::{Checker, Fault, Prim, Section, Sighting};
 
 /// The longest a queued waiter may go without the keys after its predecessor ended, when
 /// no fault was in progress (or settling) from the predecessor's start on. A hand-over
@@ -28,8 +28,13 @@ pub struct Ending {
     /// The term stored by the last `fenced_set` that landed, read from Redis at the end.
     pub elected: Option<u64>,
     pub limit: u32,
-    /// How long after a fault its effects may last (sentinels reconfiguring, say).
+    /// How long after a fault its effects may last (a word lost in it, say).
     pub settle: Duration,
+    /// Nothing before this is calm (pools filling, scripts loading).
+    pub warmed: Instant,
+    /// Reads may be stale while a fault settles (an old master serving until it learns
+    /// of the failover): observers' sightings then are not judged.
+    pub stale_reads: bool,
 }
 
 pub fn verdicts(checker: &Checker, ending: &Ending) -> Vec<Verdict> {
@@ -47,9 +52,9 @@ pub fn verdicts(checker: &Checker, ending: &Ending) -> Vec<Verdict> {
         exclusive(Prim::Lock, &of(Prim::Lock), refused(Prim::Lock)),
         readers_and_writers(&of(Prim::Read)),
         permits(&of(Prim::Permit), ending.limit, refused(Prim::Permit)),
-        queue(checker, &of(Prim::Queue), ending.settle),
+        queue(checker, &of(Prim::Queue), ending),
         terms(checker, &of(Prim::Term), ending.elected),
-        observers(checker),
+        observers(checker, ending),
     ]
 }
 
@@ -74,7 +79,7 @@ fn overlapping(sections: &[&&Section]) -> usize {
 }
 
 /// A lock's invariant: no two sections of a key the lock held throughout overlap; nor do
-/// two accepted ones; accepted fences rise.
+/// two accepted ones; accepted fences rise; no fence is given twice.
 fn exclusive(prim: Prim, sections: &[&Section], refused: u64) -> Verdict {
     let mut violations = Vec::new();
     for resource in by_resource(sections) {
@@ -95,6 +100,12 @@ fn exclusive(prim: Prim, sections: &[&Section], refused: u64) -> Verdict {
             .count();
         if n > 0 {
             violations.push(format!("{name}: {n} accepted fences did not rise"));
+        }
+        let mut fences: Vec<u64> = resource.iter().map(|s| s.fence).collect();
+        fences.sort_unstable();
+        let n = fences.windows(2).filter(|w| w[0] == w[1]).count();
+        if n > 0 {
+            violations.push(format!("{name}: {n} fences given twice"));
         }
     }
     let held = sections.iter().filter(|s| s.held).count();
@@ -196,16 +207,19 @@ fn permits(sections: &[&Section], limit: u32, refused: u64) -> Verdict {
 }
 
 /// Whether no fault was in progress, or settling, at any time from `from` to `to`.
-pub fn calm(faults: &[Fault], from: Instant, to: Instant, settle: Duration) -> bool {
-    !faults.iter().any(|f| f.start < to && f.end + settle > from)
+fn calm(faults: &[Fault], from: Instant, to: Instant, ending: &Ending) -> bool {
+    from >= ending.warmed
+        && !faults
+            .iter()
+            .any(|f| f.start < to && f.end + ending.settle > from)
 }
 
 /// The queue's invariant: a lock's, and no waiter served while another waited before it
 /// (seen in the queue with one ticket from before its call began to after it was served);
 /// in calm, each waiter served within [`HAND_OVER_BOUND`] of its predecessor's end, and
 /// none giving up.
-fn queue(checker: &Checker, sections: &[&Section], settle: Duration) -> Verdict {
-    let mut verdict = exclusive(Prim::Queue, sections, 0);
+fn queue(checker: &Checker, sections: &[&Section], ending: &Ending) -> Verdict {
+    let mut verdict = exclusive(Prim::Queue, sections, checker.refused_of(Prim::Queue));
     let mut presences: Vec<_> = checker.presences.iter().collect();
     presences.sort_by_key(|p| p.first);
     let mut passed = 0;
@@ -234,7 +248,7 @@ fn queue(checker: &Checker, sections: &[&Section], settle: Duration) -> Verdict 
             continue;
         };
         let waited = next.fence == before.fence + 1 && called < ended;
-        if waited && calm(&checker.faults, before.start, next.start, settle) {
+        if waited && calm(&checker.faults, before.start, next.start, ending) {
             gaps.push(next.start.saturating_duration_since(ended));
         }
     }
@@ -256,7 +270,7 @@ fn queue(checker: &Checker, sections: &[&Section], settle: Duration) -> Verdict 
         .iter()
         .filter(|g| {
             g.called
-                .is_some_and(|c| calm(&checker.faults, c, g.at, settle))
+                .is_some_and(|c| calm(&checker.faults, c, g.at, ending))
         })
         .collect::<Vec<_>>();
     for gave_up in &calm_give_ups {
@@ -285,18 +299,11 @@ fn queue(checker: &Checker, sections: &[&Section], settle: Duration) -> Verdict 
     verdict
 }
 
-/// An election's invariant: a lock's (one leader at a time, terms rising), no term
-/// given twice, and the last fenced write that landed is the largest term's that wrote.
+/// An election's invariant: a lock's (one leader at a time, terms rising and never given
+/// twice), and the last fenced write that landed is the largest term's that wrote.
 fn terms(checker: &Checker, sections: &[&Section], elected: Option<u64>) -> Verdict {
     let mut verdict = exclusive(Prim::Term, sections, checker.refused_of(Prim::Term));
-    let mut terms: Vec<u64> = sections.iter().map(|s| s.fence).collect();
-    terms.sort_unstable();
-    let twice = terms.windows(2).filter(|w| w[0] == w[1]).count();
-    if twice > 0 {
-        verdict
-            .violations
-            .push(format!("{twice} terms given to two leaderships"));
-    }
+    let largest_term = sections.iter().map(|s| s.fence).max();
     let wrote = checker.fenced_sets.iter().filter(|(_, ok)| *ok);
     let largest = wrote.clone().map(|(term, _)| *term).max();
     if largest > elected {
@@ -306,7 +313,7 @@ fn terms(checker: &Checker, sections: &[&Section], elected: Option<u64>) -> Verd
     }
     verdict.figures += &format!(
         "; terms up to {}, {} fenced writes landed and {} refused, {} resigned",
-        terms.last().copied().unwrap_or(0),
+        largest_term.unwrap_or(0),
         wrote.count(),
         checker.fenced_sets.iter().filter(|(_, ok)| !*ok).count(),
         checker.resigned.len(),
@@ -315,7 +322,7 @@ fn terms(checker: &Checker, sections: &[&Section], elected: Option<u64>) -> Verd
 }
 
 /// An observer never yields a leader after a newer term began, or after it resigned.
-fn observers(checker: &Checker) -> Verdict {
+fn observers(checker: &Checker, ending: &Ending) -> Verdict {
     let mut begun: Vec<(Instant, u64)> = checker
         .sections
         .iter()
@@ -328,7 +335,11 @@ fn observers(checker: &Checker) -> Verdict {
         newest.push(term.max(newest.last().copied().unwrap_or(0)));
     }
     let mut violations = Vec::new();
-    for sighting in checker.sightings.iter().filter(|s| s.term > 0) {
+    let judged = |s: &&Sighting| {
+        let settling = |f: &Fault| f.start < s.waited && f.end + ending.settle > s.waited;
+        s.term > 0 && !(ending.stale_reads && checker.faults.iter().any(settling))
+    };
+    for sighting in checker.sightings.iter().filter(judged) {
         let before = begun.partition_point(|(at, _)| *at < sighting.waited);
         let newer = before.checked_sub(1).map_or(0, |i| newest[i]);
         if newer > sighting.term {

@@ -31,18 +31,18 @@ fn broken(prim: &str) -> bool {
 }
 
 /// A thread's line to the checker.
-struct Report {
+struct ToChecker {
     con: TcpStream,
     answers: BufReader<TcpStream>,
 }
 
-impl Report {
-    fn connect(port: u16) -> Report {
+impl ToChecker {
+    fn connect(port: u16) -> ToChecker {
         let con = TcpStream::connect(("127.0.0.1", port)).unwrap();
         // The checker answers at once: a silent one fails the worker, never hangs it.
         con.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         let answers = BufReader::new(con.try_clone().unwrap());
-        Report { con, answers }
+        ToChecker { con, answers }
     }
 
     /// Sends `<prim> <event> <resource> <id> <fence> <arg>`; whether it was accepted.
@@ -58,7 +58,8 @@ impl Report {
         let line = format!("{prim} {event} {resource} {id} {fence} {arg}\n");
         self.con.write_all(line.as_bytes()).unwrap();
         let mut answer = String::new();
-        self.answers.read_line(&mut answer).unwrap();
+        let read = self.answers.read_line(&mut answer).unwrap();
+        assert!(read > 0, "the checker went away (after {line:?})");
         answer == "OK\n"
     }
 
@@ -119,10 +120,10 @@ impl Setting {
     fn repeat(
         self,
         name: &'static str,
-        mut step: impl FnMut(&Setting, &mut Report, &mut Rng, &str) -> bool + Send + 'static,
+        mut step: impl FnMut(&Setting, &mut ToChecker, &mut Rng, &str) -> bool + Send + 'static,
     ) -> thread::JoinHandle<(&'static str, u64)> {
         thread::spawn(move || {
-            let mut report = Report::connect(self.checker);
+            let mut report = ToChecker::connect(self.checker);
             let mut rng = Rng::new();
             let mut sections = 0u64;
             while Instant::now() < self.deadline {
@@ -139,7 +140,7 @@ impl Setting {
     }
 }
 
-fn lock(s: &Setting, report: &mut Report, rng: &mut Rng, id: &str) -> bool {
+fn lock(s: &Setting, report: &mut ToChecker, rng: &mut Rng, id: &str) -> bool {
     let key = format!("t:{}", rng.below(KEYS));
     let mut options = s.options(Duration::from_secs(1)).metadata(id);
     if broken("lock") {
@@ -153,7 +154,7 @@ fn lock(s: &Setting, report: &mut Report, rng: &mut Rng, id: &str) -> bool {
 }
 
 /// A reader twice in three, else a writer.
-fn read(s: &Setting, report: &mut Report, rng: &mut Rng, id: &str) -> bool {
+fn read(s: &Setting, report: &mut ToChecker, rng: &mut Rng, id: &str) -> bool {
     let options = s.options(Duration::from_secs(1)).fencing(false);
     // Broken: a writer that takes only a read lock.
     if rng.below(3) == 0 && !broken("read") {
@@ -174,7 +175,7 @@ fn read(s: &Setting, report: &mut Report, rng: &mut Rng, id: &str) -> bool {
     }
 }
 
-fn permit(s: &Setting, report: &mut Report, rng: &mut Rng, id: &str) -> bool {
+fn permit(s: &Setting, report: &mut ToChecker, rng: &mut Rng, id: &str) -> bool {
     // Broken: a semaphore that admits one more than the limit.
     let admits = LIMIT + u32::from(broken("permit"));
     let Ok(semaphore) = s.locker.semaphore("s", admits) else {
@@ -189,7 +190,7 @@ fn permit(s: &Setting, report: &mut Report, rng: &mut Rng, id: &str) -> bool {
 }
 
 /// A waiter that waits long, its id in its queue entry for the watcher.
-fn queue(s: &Setting, report: &mut Report, rng: &mut Rng, id: &str) -> bool {
+fn queue(s: &Setting, report: &mut ToChecker, rng: &mut Rng, id: &str) -> bool {
     report.send("queue", "CALL", "q:0", id, 0, "-");
     let options = s
         .options(Duration::from_secs(5))
@@ -200,7 +201,7 @@ fn queue(s: &Setting, report: &mut Report, rng: &mut Rng, id: &str) -> bool {
             report.section("queue", "q:0", id, fence, "w", rng, || guard.is_lost())
         }
         Err(e) => {
-            let error = format!("{e:?}").replace(' ', "_");
+            let error = format!("{e:?}").replace([' ', '\n'], "_");
             report.send("queue", "GAVEUP", "q:0", id, 0, &error);
             false
         }
@@ -208,7 +209,7 @@ fn queue(s: &Setting, report: &mut Report, rng: &mut Rng, id: &str) -> bool {
 }
 
 /// A candidate: leads a while, writes its term with `fenced_set`, resigns.
-fn term(s: &Setting, report: &mut Report, rng: &mut Rng, id: &str) -> bool {
+fn term(s: &Setting, report: &mut ToChecker, rng: &mut Rng, id: &str) -> bool {
     // Broken: one process's candidates run in an election of their own.
     let name = if broken("term") && s.process == "p0" {
         "e2"
@@ -241,7 +242,7 @@ fn term(s: &Setting, report: &mut Report, rng: &mut Rng, id: &str) -> bool {
 }
 
 /// An observer: each change it yields, after saying when it began to wait for it.
-fn observe(s: &Setting, report: &mut Report, rng: &mut Rng, id: &str) -> bool {
+fn observe(s: &Setting, report: &mut ToChecker, rng: &mut Rng, id: &str) -> bool {
     let Ok(election) = s.locker.election("e") else {
         return false;
     };
