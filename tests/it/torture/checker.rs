@@ -129,6 +129,9 @@ pub struct Checker {
     pub faults: Vec<Fault>,
     /// A fault in progress since then.
     pub fault_since: Option<Instant>,
+    /// Steps of the wall clock (which Redis expires keys by) against the monotonic one:
+    /// when, and by how many ms (positive: forward).
+    pub clock_steps: Vec<(Instant, i64)>,
     pub presences: Vec<Presence>,
     /// Reads of the queue the watcher made.
     pub queue_reads: u64,
@@ -265,6 +268,34 @@ impl Checker {
                 .last()
                 .is_some_and(|fault| fault.end + settle > now)
     }
+}
+
+/// Watches the wall clock against the monotonic one every 5 ms, recording each step of
+/// more than 2 ms: Redis counts every TTL on its wall clock, so a step forward shortens
+/// every lease by its size.
+pub fn watch_clock(checker: Arc<Mutex<Checker>>) {
+    thread::spawn(move || {
+        let offset = || {
+            let wall = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_micros() as i64);
+            (Instant::now(), wall)
+        };
+        let (start, wall0) = offset();
+        let mut last = 0i64;
+        loop {
+            thread::sleep(std::time::Duration::from_millis(5));
+            let (now, wall) = offset();
+            let drift = wall - wall0 - now.duration_since(start).as_micros() as i64;
+            if (drift - last).abs() > 2000 {
+                checker
+                    .lock()
+                    .clock_steps
+                    .push((now, (drift - last) / 1000));
+            }
+            last = drift;
+        }
+    });
 }
 
 /// Serves the checker on a loopback port; returns the port.

@@ -192,6 +192,19 @@ fn one_server(server: &mut RedisServer, proxy: &Proxy, kind: &str, rng: &mut Rng
         "server killed and restarted (AOF)" => {
             server.kill();
             server.restart();
+            // Over once it has read its AOF back (it answers LOADING until then, which
+            // grows with the run): what follows is calm.
+            let loaded = std::time::Instant::now() + Duration::from_secs(30);
+            while redis::cmd("PING")
+                .query::<String>(&mut server.connection())
+                .is_err()
+            {
+                assert!(
+                    std::time::Instant::now() < loaded,
+                    "the AOF took over 30 s to load"
+                );
+                thread::sleep(Duration::from_millis(20));
+            }
         }
         "connections cut" => proxy.cut(if rng.below(2) == 0 {
             Cut::Reset

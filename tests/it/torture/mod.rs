@@ -65,6 +65,7 @@ fn storm(mut deployment: Deployment) {
     let run_for = Duration::from_secs(secs);
     let checker = Arc::new(Mutex::new(Checker::default()));
     let checker_port = checker::serve(Arc::clone(&checker));
+    checker::watch_clock(Arc::clone(&checker));
     let master = Arc::new(Mutex::new(deployment.master_url()));
     let stop = Arc::new(AtomicBool::new(false));
     let settle = deployment.settle();
@@ -122,6 +123,8 @@ fn storm(mut deployment: Deployment) {
         &verdicts,
         &left,
     );
+    let steps: Vec<i64> = checker.clock_steps.iter().map(|(_, ms)| *ms).collect();
+    println!("  steps of the wall clock over 2 ms (ms): {steps:?}");
     for verdict in &verdicts {
         assert!(verdict.done > 0, "{}: never exercised", verdict.prim.name());
         assert!(
@@ -164,6 +167,10 @@ fn drive_faults(
             }
             rounds += 1;
             round = deployment.kinds().to_vec();
+            // REDGUARD_TORTURE_ONLY=<kind>: that kind alone (to chase what it finds).
+            if let Ok(only) = std::env::var("REDGUARD_TORTURE_ONLY") {
+                round.retain(|kind| *kind == only);
+            }
             for i in (1..round.len()).rev() {
                 round.swap(i, rng.below(i as u64 + 1) as usize);
             }

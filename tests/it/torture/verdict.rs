@@ -49,8 +49,8 @@ pub fn verdicts(checker: &Checker, ending: &Ending) -> Vec<Verdict> {
     };
     let refused = |prim: Prim| checker.refused_of(prim);
     vec![
-        exclusive(Prim::Lock, &of(Prim::Lock), refused(Prim::Lock)),
-        readers_and_writers(&of(Prim::Read)),
+        exclusive(Prim::Lock, &of(Prim::Lock), refused(Prim::Lock), checker),
+        readers_and_writers(&of(Prim::Read), checker),
         permits(&of(Prim::Permit), ending.limit, refused(Prim::Permit)),
         queue(checker, &of(Prim::Queue), ending),
         terms(checker, &of(Prim::Term), ending.elected),
@@ -69,26 +69,72 @@ fn by_resource<'a>(sections: &[&'a Section]) -> Vec<Vec<&'a Section>> {
 
 /// Sections (sorted by start) that begin before an earlier one ended.
 fn overlapping(sections: &[&&Section]) -> usize {
-    let mut until: Option<Instant> = None;
-    let mut overlaps = 0;
+    overlaps(sections).len()
+}
+
+/// Each section (sorted by start) that begins before an earlier one ended, with the one
+/// it overlaps.
+fn overlaps<'a>(sections: &[&&'a Section]) -> Vec<(&'a Section, &'a Section)> {
+    let mut latest: Option<&Section> = None;
+    let mut found = Vec::new();
     for section in sections {
-        overlaps += usize::from(until.is_some_and(|until| section.start < until));
-        until = until.max(section.end);
+        if let Some(earlier) = latest
+            && earlier.end.is_some_and(|end| section.start < end)
+        {
+            found.push((earlier, **section));
+        }
+        if latest.is_none_or(|l| section.end > l.end) {
+            latest = Some(section);
+        }
     }
-    overlaps
+    found
+}
+
+/// Two overlapping sections, and the faults and wall-clock steps about them, for a
+/// violation's message.
+fn told(a: &Section, b: &Section, checker: &Checker) -> String {
+    let faults = &checker.faults;
+    let origin = faults.first().map_or(a.start, |f| f.start);
+    let at = |t: Instant| t.saturating_duration_since(origin).as_millis();
+    let (from, to) = (a.start.min(b.start), a.end.max(b.end).unwrap_or(a.start));
+    let (before, after) = (Duration::from_secs(2), Duration::from_secs(1));
+    let near: Vec<String> = faults
+        .iter()
+        .filter(|f| f.start < to + after && f.end + before > from)
+        .map(|f| format!("{} {}-{} ms", f.kind, at(f.start), at(f.end)))
+        .collect();
+    let steps: Vec<String> = (checker.clock_steps.iter())
+        .filter(|(t, _)| *t < to + after && *t + before > from)
+        .map(|(t, ms)| format!("{ms:+} ms at {} ms", at(*t)))
+        .collect();
+    let span = |s: &Section| {
+        let kind = if s.writer { "writer" } else { "reader" };
+        let end = s.end.map_or(0, at);
+        format!(
+            "{} ({kind}, fence {}) {}-{end} ms",
+            s.id,
+            s.fence,
+            at(s.start)
+        )
+    };
+    format!(
+        "{} and {}; faults near: {near:?}; wall clock steps near: {steps:?}",
+        span(a),
+        span(b)
+    )
 }
 
 /// A lock's invariant: no two sections of a key the lock held throughout overlap; nor do
 /// two accepted ones; accepted fences rise; no fence is given twice.
-fn exclusive(prim: Prim, sections: &[&Section], refused: u64) -> Verdict {
+fn exclusive(prim: Prim, sections: &[&Section], refused: u64, checker: &Checker) -> Verdict {
     let mut violations = Vec::new();
     for resource in by_resource(sections) {
         let held: Vec<_> = resource.iter().filter(|s| s.held).collect();
         let accepted: Vec<_> = resource.iter().filter(|s| s.accepted).collect();
         let name = &resource[0].resource;
-        let n = overlapping(&held);
-        if n > 0 {
-            violations.push(format!("{name}: {n} sections held at once by the lock"));
+        for (a, b) in overlaps(&held) {
+            let told = told(a, b, checker);
+            violations.push(format!("{name}: held at once by the lock: {told}"));
         }
         let n = overlapping(&accepted);
         if n > 0 {
@@ -125,7 +171,7 @@ fn exclusive(prim: Prim, sections: &[&Section], refused: u64) -> Verdict {
 
 /// A read lock's invariant: no writer's section overlaps any other section of its key
 /// (among sections held throughout).
-fn readers_and_writers(sections: &[&Section]) -> Verdict {
+fn readers_and_writers(sections: &[&Section], checker: &Checker) -> Verdict {
     let mut violations = Vec::new();
     let mut most_readers = 0;
     for resource in by_resource(sections) {
@@ -134,9 +180,10 @@ fn readers_and_writers(sections: &[&Section]) -> Verdict {
             let end = a.end.unwrap_or(a.start);
             let beside = held[i + 1..].iter().take_while(|b| b.start < end);
             if let Some(b) = beside.clone().find(|b| a.writer || b.writer) {
+                let told = told(a, b, checker);
                 violations.push(format!(
-                    "{}: a writer overlapped another section ({} and {})",
-                    a.resource, a.id, b.id
+                    "{}: a writer overlapped another: {told}",
+                    a.resource
                 ));
             }
         }
@@ -219,7 +266,12 @@ fn calm(faults: &[Fault], from: Instant, to: Instant, ending: &Ending) -> bool {
 /// in calm, each waiter served within [`HAND_OVER_BOUND`] of its predecessor's end, and
 /// none giving up.
 fn queue(checker: &Checker, sections: &[&Section], ending: &Ending) -> Verdict {
-    let mut verdict = exclusive(Prim::Queue, sections, checker.refused_of(Prim::Queue));
+    let mut verdict = exclusive(
+        Prim::Queue,
+        sections,
+        checker.refused_of(Prim::Queue),
+        checker,
+    );
     let mut presences: Vec<_> = checker.presences.iter().collect();
     presences.sort_by_key(|p| p.first);
     let mut passed = 0;
@@ -302,7 +354,12 @@ fn queue(checker: &Checker, sections: &[&Section], ending: &Ending) -> Verdict {
 /// An election's invariant: a lock's (one leader at a time, terms rising and never given
 /// twice), and the last fenced write that landed is the largest term's that wrote.
 fn terms(checker: &Checker, sections: &[&Section], elected: Option<u64>) -> Verdict {
-    let mut verdict = exclusive(Prim::Term, sections, checker.refused_of(Prim::Term));
+    let mut verdict = exclusive(
+        Prim::Term,
+        sections,
+        checker.refused_of(Prim::Term),
+        checker,
+    );
     let largest_term = sections.iter().map(|s| s.fence).max();
     let wrote = checker.fenced_sets.iter().filter(|(_, ok)| *ok);
     let largest = wrote.clone().map(|(term, _)| *term).max();
