@@ -54,6 +54,10 @@ pub(crate) struct Place<'a> {
     /// When the refresher takes the entry on, if it is not served by then: most waits
     /// are shorter than that, and cost the refresher nothing (see `wait_until`).
     renew_from: Option<Instant>,
+    /// When the last renewal of an entry this place replaced (`requeued`) was sent: a word
+    /// of a hand-over to that entry may still be on its way, and names the wait, not the
+    /// entry, so a hold from a word is counted from here (see `claim`).
+    replaced_at: Option<Instant>,
 }
 
 impl<'a> Place<'a> {
@@ -85,6 +89,7 @@ impl<'a> Place<'a> {
             entry,
             served: false,
             renew_from: Some(sent_at + shared.waiter_lifetime / 6),
+            replaced_at: None,
         })
     }
 
@@ -159,6 +164,8 @@ impl<'a> Place<'a> {
         if !self.entry.is_lost() {
             return Ok(());
         }
+        let replaced = self.entry.timing().sent_at();
+        self.replaced_at = Some(self.replaced_at.map_or(replaced, |at| at.min(replaced)));
         self.entry.end();
         self.shared.refresher.remove(self.entry.id);
         let (shared, kind, keys, member) = (self.shared, self.kind, self.keys, self.member);
@@ -175,10 +182,17 @@ impl<'a> Place<'a> {
     /// script gave it what the entry had left, and no more than `ttl_ms`. The entry lives
     /// its lifetime from the last renewal that found it queued (sent before the script
     /// ran), and the script ran after `script_sent`, when known.
+    ///
+    /// A word from the channel (no `script_sent`) names the wait, not the entry: after a
+    /// requeue it may be a late one for the entry replaced, whose hold was counted from
+    /// that entry's renewals and may be over (and the keys someone else's). Such a hold is
+    /// counted from the replaced entry's last renewal, so that `confirmed` asks the server
+    /// before anyone relies on it.
     pub(crate) fn claim(&self, ttl_ms: u64, script_sent: Option<Instant>) -> Timing {
         let renewed = self.entry.timing();
         let (base, lifetime_ms) = (renewed.sent_at(), renewed.ttl_ms);
         let Some(sent_at) = script_sent else {
+            let base = self.replaced_at.map_or(base, |replaced| replaced.min(base));
             return Timing::claimed(ttl_ms, base, lifetime_ms.min(ttl_ms));
         };
         let by_entry = Timing::claimed(ttl_ms, base, lifetime_ms);
