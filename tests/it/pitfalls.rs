@@ -133,3 +133,53 @@ fn the_refresher_lets_go_of_a_hold_whose_release_raced_its_refresh() {
         assert!(again.is_lost());
     }
 }
+
+/// Ours, found by the randomized run: a word of a hand-over names the wait, not its queue
+/// entry, so one that comes late for an entry since replaced (found gone, the waiter
+/// queued again) must not be taken for a fresh hold. The test takes the waiter's entry
+/// out behind its back (its next renewal finds it gone, and it queues again), then sends
+/// the word such a late hand-over would have sent: the waiter must not come back with a
+/// guard while the holder still holds.
+#[test]
+fn a_late_word_for_a_replaced_queue_entry_is_not_a_hold() {
+    let server = RedisServer::start();
+    let holder = crate::locker(&server);
+    let held = holder.lock(&["late"]).unwrap();
+    let waiter = crate::locker(&server);
+    let (got, result) = std::sync::mpsc::channel();
+    let thread = std::thread::spawn(move || {
+        let options = LockOptions::default()
+            .ttl(Duration::from_millis(300))
+            .timeout(Duration::from_secs(10));
+        let guard = waiter.lock_with(&["late"], options);
+        got.send(guard.map(|g| g.is_lost())).unwrap();
+    });
+    let queue = crate::server::queue_of("late");
+    let entry = || server.query::<Vec<String>>(&["ZRANGE", &queue, "0", "-1"]);
+    crate::eventually(Duration::from_secs(5), "the waiter is queued", || {
+        entry().len() == 1
+    });
+    let member = entry().remove(0);
+    // '<kind><n>,<ttl>,<fencing>,<wait>,<channel length>,<value length>:<channel>...'
+    let (head, rest) = member.split_once(':').unwrap();
+    let fields: Vec<&str> = head.split(',').collect();
+    let (wait, channel_len): (&str, usize) = (fields[3], fields[4].parse().unwrap());
+    let channel = &rest[..channel_len];
+    let ticket: f64 = server.query(&["ZSCORE", &queue, &member]);
+    server.query::<u32>(&["ZREM", &queue, &member]);
+    server.query::<u32>(&["ZREM", "redguard:alive:{late}", &member]);
+    crate::eventually(Duration::from_secs(5), "the waiter queued again", || {
+        server
+            .query::<Option<f64>>(&["ZSCORE", &queue, &member])
+            .is_some_and(|again| again != ticket)
+    });
+    server.query::<u32>(&["PUBLISH", channel, &format!("h:{wait}")]);
+    match result.recv_timeout(Duration::from_secs(1)) {
+        Err(_) => {} // still waiting: right
+        Ok(returned) => panic!("returned while the holder holds: {returned:?}"),
+    }
+    drop(held);
+    let returned = result.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert!(!returned.unwrap(), "the real hand-over, held");
+    thread.join().unwrap();
+}
