@@ -30,3 +30,6 @@ pub mod command {}
 
 #[doc = include_str!("../docs/election.md")]
 pub mod election {}
+
+#[doc = include_str!("../docs/ci.md")]
+pub mod ci {}
