@@ -137,9 +137,10 @@ fn the_refresher_lets_go_of_a_hold_whose_release_raced_its_refresh() {
 /// Ours, found by the randomized run: a word of a hand-over names the wait, not its queue
 /// entry, so one that comes late for an entry since replaced (found gone, the waiter
 /// queued again) must not be taken for a fresh hold. The test takes the waiter's entry
-/// out behind its back (its next renewal finds it gone, and it queues again), then sends
-/// the word such a late hand-over would have sent: the waiter must not come back with a
-/// guard while the holder still holds.
+/// out behind its back (its next renewal finds it gone, and it queues again), then, once
+/// a hold counted from the old entry would be over and right after the new entry's
+/// renewal, sends the word such a late hand-over would have sent: the waiter must not
+/// come back with a guard while the holder still holds.
 #[test]
 fn a_late_word_for_a_replaced_queue_entry_is_not_a_hold() {
     let server = RedisServer::start();
@@ -172,6 +173,15 @@ fn a_late_word_for_a_replaced_queue_entry_is_not_a_hold() {
         server
             .query::<Option<f64>>(&["ZSCORE", &queue, &member])
             .is_some_and(|again| again != ticket)
+    });
+    // A real late word's hold was counted from the replaced entry: over 300 ms (its TTL)
+    // after the requeue, such a hold is surely over. Then, right after the new entry's
+    // renewal (which a hold counted from the new entry would trust), the word.
+    std::thread::sleep(Duration::from_millis(400));
+    let renewed = || server.query::<Option<f64>>(&["ZSCORE", "redguard:alive:{late}", &member]);
+    let before = renewed();
+    crate::eventually(Duration::from_secs(5), "the new entry renewed", || {
+        renewed() != before
     });
     server.query::<u32>(&["PUBLISH", channel, &format!("h:{wait}")]);
     match result.recv_timeout(Duration::from_secs(1)) {
