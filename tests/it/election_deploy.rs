@@ -221,16 +221,7 @@ fn an_election_on_a_cluster_campaigns_observes_fences_and_hands_over() {
 
 #[test]
 fn a_fenced_write_waits_for_the_replicas_its_hold_waits_for() {
-    // The replica replicates through a proxy whose stream the test can stop.
-    let mut proxy = None;
-    let group = Replicated::start_via(1, 3, |master| {
-        let through = crate::proxy::Proxy::start(master);
-        let port = through.port();
-        proxy = Some(through);
-        port
-    })
-    .unwrap_or_else(|e| panic!("{e}"));
-    let proxy = proxy.expect("the replication proxy");
+    let (group, proxy) = crate::sentinel::replicating_through_a_proxy();
     let locker = sentinel_locker(&group);
     let options = LockOptions::default().replicas(1);
     let leadership = locker

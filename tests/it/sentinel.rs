@@ -410,10 +410,9 @@ fn bad_sentinel_and_replica_settings_are_refused_before_any_round_trip() {
     );
 }
 
-#[test]
-fn the_failover_hole_without_replicas_and_how_replicas_closes_it() {
-    // The replica replicates through a proxy, whose replication stream the test can
-    // stop; the sentinels reach every server directly.
+/// A master, one replica and three sentinels, the replica replicating through a proxy
+/// whose replication stream the test can stop; the sentinels reach every server directly.
+pub(crate) fn replicating_through_a_proxy() -> (Replicated, Proxy) {
     let mut proxy = None;
     let group = Replicated::start_via(1, 3, |master| {
         let through = Proxy::start(master);
@@ -422,7 +421,12 @@ fn the_failover_hole_without_replicas_and_how_replicas_closes_it() {
         port
     })
     .unwrap_or_else(|e| panic!("{e}"));
-    let proxy = proxy.expect("the replication proxy");
+    (group, proxy.expect("the replication proxy"))
+}
+
+#[test]
+fn the_failover_hole_without_replicas_and_how_replicas_closes_it() {
+    let (group, proxy) = replicating_through_a_proxy();
     let locker = sentinel_locker(&group);
     // The master's writes stop reaching the replica (the link stays open).
     proxy.set(|f| f.down.blackhole = true);
