@@ -14,6 +14,11 @@ use super::Rng;
 use crate::proxy::{Cut, Proxy};
 use crate::server::RedisServer;
 
+/// How long a fault's effects may outlast it, in either deployment: a word lost in it is
+/// found by the waiter's next renewal (at most half a second later); a Sentinel fault is
+/// over only once the group is whole again (see `whole`).
+pub const SETTLE: Duration = Duration::from_millis(1000);
+
 pub enum Deployment {
     OneServer { server: RedisServer, proxy: Proxy },
     Sentinel { group: Replicated },
@@ -64,13 +69,6 @@ impl Deployment {
                 group.url_of(&group.servers()[master])
             }
         }
-    }
-
-    /// How long a fault's effects may outlast it: a word lost in it is found by the
-    /// waiter's next renewal (at most half a second later). A Sentinel fault is over only
-    /// once the group is whole again (see `whole`).
-    pub fn settle(&self) -> std::time::Duration {
-        Duration::from_millis(1000)
     }
 
     /// How long a run must be for every kind of fault to come up (a round: a failover
@@ -125,8 +123,7 @@ impl Deployment {
                 signal("-CONT");
             }
             "CLIENT KILL" => {
-                let client = redis::Client::open(self.master_url()).unwrap();
-                if let Ok(mut con) = client.get_connection_with_timeout(Duration::from_secs(1)) {
+                if let Ok(mut con) = connect(&self.master_url()) {
                     let _: redis::RedisResult<i64> = redis::cmd("CLIENT")
                         .arg("KILL")
                         .arg("TYPE")
@@ -155,8 +152,7 @@ impl Deployment {
             .iter()
             .map(|(url, port)| {
                 let asked = (|| -> redis::RedisResult<(String, u64)> {
-                    let client = redis::Client::open(url.as_str())?;
-                    let mut con = client.get_connection_with_timeout(Duration::from_secs(1))?;
+                    let mut con = connect(url)?;
                     let role: Vec<redis::Value> = redis::cmd("ROLE").query(&mut con)?;
                     let role = match role.first() {
                         Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).into(),
@@ -300,12 +296,18 @@ fn whole(group: &Replicated, kind: &str) {
     panic!("the group was not whole again within 60 s of a fault ({kind}): {roles:?}");
 }
 
+/// A plain connection to `url` behind the workers' backs, every wait bounded (a frozen
+/// server must not hang the run).
+pub fn connect(url: &str) -> redis::RedisResult<redis::Connection> {
+    let con = redis::Client::open(url)?.get_connection_with_timeout(Duration::from_millis(500))?;
+    con.set_read_timeout(Some(Duration::from_secs(2)))?;
+    con.set_write_timeout(Some(Duration::from_secs(2)))?;
+    Ok(con)
+}
+
 /// Where `server` keeps its files.
 fn config_dir(group: &Replicated, server: &redguard::testing::Server) -> Option<String> {
-    let client = redis::Client::open(group.url_of(server)).ok()?;
-    let mut con = client
-        .get_connection_with_timeout(Duration::from_millis(500))
-        .ok()?;
+    let mut con = connect(&group.url_of(server)).ok()?;
     let pair: Vec<String> = redis::cmd("CONFIG")
         .arg("GET")
         .arg("dir")
@@ -316,11 +318,7 @@ fn config_dir(group: &Replicated, server: &redguard::testing::Server) -> Option<
 
 /// `INFO replication` of `server`.
 fn info(group: &Replicated, server: &redguard::testing::Server) -> Option<String> {
-    let client = redis::Client::open(group.url_of(server)).ok()?;
-    let mut con = client
-        .get_connection_with_timeout(Duration::from_millis(500))
-        .ok()?;
-    con.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+    let mut con = connect(&group.url_of(server)).ok()?;
     redis::cmd("INFO").arg("replication").query(&mut con).ok()
 }
 
@@ -332,11 +330,7 @@ fn agreed_master(group: &Replicated) -> Option<u16> {
     };
     let mut agreed = None;
     for sentinel in group.sentinels() {
-        let client = redis::Client::open(group.url_of(sentinel)).ok()?;
-        let mut con = client
-            .get_connection_with_timeout(Duration::from_millis(500))
-            .ok()?;
-        con.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+        let mut con = connect(&group.url_of(sentinel)).ok()?;
         let ask = |what: &str, con: &mut redis::Connection| {
             redis::cmd("SENTINEL")
                 .arg(what)

@@ -68,7 +68,7 @@ fn storm(mut deployment: Deployment) {
     checker::watch_clock(Arc::clone(&checker));
     let master = Arc::new(Mutex::new(deployment.master_url()));
     let stop = Arc::new(AtomicBool::new(false));
-    let settle = deployment.settle();
+    let settle = deployment::SETTLE;
     let watcher = watcher::watch(
         Arc::clone(&checker),
         Arc::clone(&master),
@@ -206,10 +206,7 @@ fn drive_faults(
 /// counters, an election's proclaimed value, a fenced write's record), and the term the
 /// fenced key holds.
 fn leftovers(url: &str) -> (Vec<String>, Option<u64>) {
-    let client = redis::Client::open(url).unwrap();
-    let mut con = client
-        .get_connection_with_timeout(Duration::from_secs(2))
-        .unwrap();
+    let mut con = deployment::connect(url).unwrap();
     let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut con).unwrap();
     let kept = [
         "redguard:fence:",

@@ -47,11 +47,19 @@ pub fn verdicts(checker: &Checker, ending: &Ending) -> Vec<Verdict> {
         sections.sort_by_key(|s| s.start);
         sections
     };
-    let refused = |prim: Prim| checker.refused_of(prim);
     vec![
-        exclusive(Prim::Lock, &of(Prim::Lock), refused(Prim::Lock), checker),
+        exclusive(
+            Prim::Lock,
+            &of(Prim::Lock),
+            checker.refused_of(Prim::Lock),
+            checker,
+        ),
         readers_and_writers(&of(Prim::Read), checker),
-        permits(&of(Prim::Permit), ending.limit, refused(Prim::Permit)),
+        permits(
+            &of(Prim::Permit),
+            ending.limit,
+            checker.refused_of(Prim::Permit),
+        ),
         queue(checker, &of(Prim::Queue), ending),
         terms(checker, &of(Prim::Term), ending.elected),
         observers(checker, ending),
